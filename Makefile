@@ -1,0 +1,40 @@
+# Tessera. `make test` runs every test; `make demo` runs the local demo.
+SHELL := /usr/bin/env bash
+GO ?= go
+BIN := $(CURDIR)/bin
+export TESSERA_CACHE ?= $(CURDIR)/_cache
+COMMANDS := $(notdir $(wildcard cmd/*))
+# Go test timeout: the integration packages start a real control plane.
+TEST_TIMEOUT ?= 40m
+
+.PHONY: all build test unit lint controlplane scenarios clean
+
+all: build
+
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(COMMANDS))
+
+# The test cluster's binaries, built from Go modules once and cached by version.
+controlplane:
+	hack/build-controlplane.sh
+
+test: controlplane
+	TESSERA_BIN_DIR=$$(hack/build-controlplane.sh) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(MAKE) scenarios
+
+# Unit tests only: no control plane needed.
+unit:
+	$(GO) test -count=1 -short ./...
+
+scenarios:
+	@if [ -d controller/testdata/scenarios ]; then \
+		$(GO) run ./cmd/tessera-sim run controller/testdata/scenarios/*.yaml; \
+	fi
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+clean:
+	rm -rf $(BIN) $(TESSERA_CACHE)
