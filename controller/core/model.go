@@ -1,0 +1,334 @@
+// Package core is Tessera's scheduling core: a pure, deterministic library.
+// A Snapshot of the cluster (nodes and their GPUs, queues, jobs and pods) goes
+// in, one scheduling cycle runs (hierarchical fair share, then allocate →
+// consolidate → reclaim → preempt on a simulate-then-commit transaction), and
+// decisions come out: bind this pod to this node with these GPUs and this much
+// GPU memory; evict that pod for this reason; this pod stays pending because…
+//
+// It imports nothing from Kubernetes so that tessera-controller (fed by
+// informers) and tessera-sim (fed by files) run exactly the same code.
+//
+// Units are exact integers everywhere: milli-GPU, milli-CPU and bytes.
+// Everything is deterministic: inputs are sorted by name on entry and every tie
+// is broken by name, so the same snapshot always gives the same Result.
+package core
+
+import "time"
+
+// Resource indexes a Resources vector.
+type Resource int
+
+const (
+	// ResGPU is counted in milli-GPU: 1000 is one whole GPU, 500 half of one.
+	ResGPU Resource = iota
+	// ResCPU is counted in milli-CPU.
+	ResCPU
+	// ResMemory is host memory in bytes.
+	ResMemory
+	// NumResources is the length of a Resources vector.
+	NumResources
+)
+
+// String names the resource as DESIGN.md does ("gpu", "cpu", "memory").
+func (r Resource) String() string {
+	switch r {
+	case ResGPU:
+		return "gpu"
+	case ResCPU:
+		return "cpu"
+	case ResMemory:
+		return "memory"
+	}
+	return "unknown"
+}
+
+// Resources is an amount of each resource, indexed by Resource:
+// r[ResGPU] milli-GPU, r[ResCPU] milli-CPU, r[ResMemory] bytes.
+type Resources [NumResources]int64
+
+// Unlimited is the value of a quota or limit that never binds (-1 in DESIGN.md).
+const Unlimited int64 = -1
+
+// Snapshot is the whole input of one cycle. The core does not keep it or
+// modify it.
+type Snapshot struct {
+	// Now is the cycle's time; only stale-gang eviction reads it.
+	Now    time.Time
+	Nodes  []Node
+	Queues []Queue
+	Jobs   []Job
+}
+
+// Node is a schedulable node.
+type Node struct {
+	Name   string
+	Labels map[string]string
+	// CPU (milli-CPU) and Memory (bytes) allocatable to pods, including what
+	// pods already placed here use (the core subtracts them).
+	CPU    int64
+	Memory int64
+	GPUs   []GPU
+	// Unschedulable nodes keep their pods but receive no new ones.
+	Unschedulable bool
+}
+
+// GPU is one device on a node.
+type GPU struct {
+	Index  int
+	Memory int64 // bytes
+	Model  string
+	// NVLinkDomain: GPUs of a node that share this string are NVLink-connected.
+	// Empty means the GPU has no NVLink (a domain of its own).
+	NVLinkDomain string
+}
+
+// QueueResource is a queue's policy for one resource.
+type QueueResource struct {
+	// Quota is the guaranteed amount (0 none, Unlimited = everything asked).
+	Quota int64
+	// Limit is a hard cap (Unlimited = none).
+	Limit int64
+	// OverQuotaWeight divides what is left over quota among siblings of equal
+	// priority; 0 means the queue never gets anything over its quota.
+	OverQuotaWeight int64
+}
+
+// Queue is a node of the queue tree. Only leaf queues hold jobs. Values are
+// taken literally: use NewQueue for DESIGN.md's defaults.
+type Queue struct {
+	Name string
+	// Parent is "" for a top-level queue.
+	Parent   string
+	Priority int32
+	// Resources holds quota, limit and weight per Resource.
+	Resources [NumResources]QueueResource
+}
+
+// NewQueue returns a queue with DESIGN.md's defaults: GPU quota 0, CPU and
+// memory quota Unlimited, no limits, over-quota weight 1, priority 100.
+func NewQueue(name, parent string) Queue {
+	q := Queue{Name: name, Parent: parent, Priority: 100}
+	for r := range q.Resources {
+		q.Resources[r] = QueueResource{Quota: Unlimited, Limit: Unlimited, OverQuotaWeight: 1}
+	}
+	q.Resources[ResGPU].Quota = 0
+	return q
+}
+
+// Job is a gang of pods (a PodGroup, or a single pod as a gang of one).
+type Job struct {
+	Name     string
+	Queue    string // a leaf queue
+	Priority int32
+	// Preemptible jobs may run over quota and may be reclaimed or preempted;
+	// non-preemptible ones are kept within quota.
+	Preemptible bool
+	// MinMember pods are placed all-or-nothing; 0 means all of Pods.
+	MinMember int
+	// CreatedAt orders jobs of equal priority (older first) and victims (newer
+	// first). A pod recreated after an eviction keeps its job's age.
+	CreatedAt time.Time
+	// BelowMinMemberSince is when the job last dropped below MinMember placed
+	// pods while some were still placed; zero when it is not below (or the
+	// adapter does not track it). See Result.Jobs for what the core observed.
+	BelowMinMemberSince time.Time
+	Pods                []Pod
+}
+
+// Sharing is how a fractional pod shares a GPU.
+type Sharing string
+
+const (
+	// SharingMPS is the default for fractions.
+	SharingMPS Sharing = "mps"
+	// SharingTimeSlice is time-sliced sharing; never mixed with MPS on a GPU.
+	SharingTimeSlice Sharing = "timeslice"
+)
+
+// NVLinkPolicy says how a multi-GPU pod wants its GPUs connected.
+type NVLinkPolicy string
+
+const (
+	// NVLinkPreferred (the default, also spelled "") prefers one NVLink domain.
+	NVLinkPreferred NVLinkPolicy = "preferred"
+	// NVLinkRequired places the pod only on GPUs of one NVLink domain.
+	NVLinkRequired NVLinkPolicy = "required"
+)
+
+// Request is what one pod asks for. Set at most one of GPUs, GPUMilli and
+// GPUMemory.
+type Request struct {
+	// GPUs is a number of whole, exclusive GPUs.
+	GPUs int
+	// GPUMilli is a fraction of one GPU (1..999); it also takes that share of
+	// the GPU's memory.
+	GPUMilli int64
+	// GPUMemory is a fraction of one GPU given as bytes of its memory; it
+	// counts as ceil(GPUMemory*1000/GPU.Memory) milli-GPU.
+	GPUMemory int64
+	// Sharing applies to fractions; "" means SharingMPS.
+	Sharing Sharing
+	// NVLink applies to pods with more than one GPU.
+	NVLink NVLinkPolicy
+	CPU    int64 // milli-CPU
+	Memory int64 // bytes
+}
+
+// IsFraction reports whether the request is a share of one GPU.
+func (r Request) IsFraction() bool { return r.GPUMilli > 0 || r.GPUMemory > 0 }
+
+// PodPhase is where a pod stands.
+type PodPhase string
+
+const (
+	// PodPending pods wait for a placement.
+	PodPending PodPhase = "Pending"
+	// PodBound pods have a placement (possibly waiting for evictions to free
+	// it) and count as allocated.
+	PodBound PodPhase = "Bound"
+	// PodRunning pods run on their placement.
+	PodRunning PodPhase = "Running"
+	// PodReleasing pods are terminating: they still hold their node's
+	// capacity but no longer count for their job or queue, and are never
+	// victims.
+	PodReleasing PodPhase = "Releasing"
+)
+
+// Placement is where a pod sits or is to sit.
+type Placement struct {
+	Node string
+	// GPUs are device indices on the node, ascending.
+	GPUs []int
+	// GPUMilli and GPUMemory give, per entry of GPUs, the compute share
+	// (milli) and memory (bytes) the pod takes of that GPU. On input they may
+	// be nil: the core derives them from the request and the GPUs.
+	GPUMilli  []int64
+	GPUMemory []int64
+	// Sharing is the mode the pod uses its GPUs in ("" for whole GPUs).
+	Sharing Sharing
+}
+
+// Pod is one pod of a job. Pod names are unique across the snapshot (the
+// Kubernetes adapter uses namespace/name).
+type Pod struct {
+	Name    string
+	Request Request
+	// NodeSelector labels must all match the node's labels.
+	NodeSelector map[string]string
+	// GPUModels, when not empty, lists the GPU models the pod may use.
+	GPUModels []string
+	Phase     PodPhase
+	// Placement is set for Bound, Running and Releasing pods.
+	Placement Placement
+}
+
+// PlacementPolicy chooses among nodes that fit.
+type PlacementPolicy string
+
+const (
+	// BinPack (the default, also "") fills used nodes first, keeping whole
+	// nodes free for big gangs.
+	BinPack PlacementPolicy = "binpack"
+	// Spread places on the emptiest node first.
+	Spread PlacementPolicy = "spread"
+)
+
+// Config tunes the scheduler. The zero value is DESIGN.md's default.
+type Config struct {
+	Placement PlacementPolicy
+	// DisableConsolidation turns the consolidate action off.
+	DisableConsolidation bool
+	// StaleGangTimeout is how long a gang may stay below MinMember before all
+	// its pods are evicted; 0 means 60 s, negative means never.
+	StaleGangTimeout time.Duration
+}
+
+// DefaultStaleGangTimeout is DESIGN.md's stale-gang timeout.
+const DefaultStaleGangTimeout = 60 * time.Second
+
+// Action names the step of the cycle that made a decision.
+type Action string
+
+const (
+	ActionStaleGang   Action = "stale-gang"
+	ActionAllocate    Action = "allocate"
+	ActionConsolidate Action = "consolidate"
+	ActionReclaim     Action = "reclaim"
+	ActionPreempt     Action = "preempt"
+)
+
+// Result is everything one cycle decided.
+type Result struct {
+	// Binds in decision order.
+	Binds []Bind
+	// Evictions in decision order.
+	Evictions []Eviction
+	// Pending holds every pod left pending, with its reason, in job order.
+	Pending []PendingPod
+	// Queues by name, parents included.
+	Queues map[string]QueueStatus
+	// Jobs by name: what the core observed (for PodGroup status and for the
+	// adapter to track Job.BelowMinMemberSince).
+	Jobs map[string]JobStatus
+	// Timings of each step, in order.
+	Timings []Timing
+}
+
+// Bind places a pending pod.
+type Bind struct {
+	Pod       string
+	Job       string
+	Placement Placement
+	Action    Action
+	// Pipelined binds use capacity that this cycle's evictions free: the
+	// adapter binds them once the victims are gone, and gives that capacity
+	// to nobody else meanwhile.
+	Pipelined bool
+}
+
+// Eviction removes a placed pod.
+type Eviction struct {
+	Pod    string
+	Job    string
+	Node   string
+	Action Action
+	// Reason in a person's words ("reclaimed by queue team-b (job train)").
+	Reason string
+	// MoveTo is set when consolidation moves the pod: it is to be re-placed
+	// there (a pipelined placement).
+	MoveTo *Placement
+}
+
+// PendingPod is a pod left pending and why.
+type PendingPod struct {
+	Pod    string
+	Job    string
+	Reason string
+}
+
+// QueueStatus is a queue's accounting for the cycle. Allocated is at the
+// cycle's end (after its decisions); the others as computed at its start.
+type QueueStatus struct {
+	FairShare Resources
+	Allocated Resources
+	// Pending is the sum of the requests of pending pods.
+	Pending Resources
+	// Quota and Limit echo the queue's settings (Unlimited = -1).
+	Quota Resources
+	Limit Resources
+}
+
+// JobStatus is what the core observed of a job at the cycle's end.
+type JobStatus struct {
+	// Placed counts pods bound or running (after this cycle's decisions).
+	Placed  int
+	Pending int
+	// BelowMinMember is true when 0 < Placed < MinMember.
+	BelowMinMember bool
+}
+
+// Timing is how long a step of the cycle took.
+type Timing struct {
+	Action   Action
+	Duration time.Duration
+}
