@@ -1,0 +1,102 @@
+package packing
+
+import "testing"
+
+func node(cpu int64, frees ...int) NodeState {
+	n := NodeState{FreeCPUMilli: cpu, FreeMemory: 1 << 20, CPUMilli: cpu, Memory: 1 << 20}
+	for _, f := range frees {
+		n.GPUs = append(n.GPUs, GPU{FreeMilli: f, Model: "A"})
+	}
+	return n
+}
+
+func TestParsePolicy(t *testing.T) {
+	for s, want := range map[string]Policy{"": FGD, "fgd": FGD, "default": FGD, "bestfit": BestFit, "FirstFit": FirstFit} {
+		got, err := ParsePolicy(s)
+		if err != nil || got != want {
+			t.Errorf("ParsePolicy(%q) = %v, %v; want %v", s, got, err, want)
+		}
+	}
+	if _, err := ParsePolicy("random"); err == nil {
+		t.Error("ParsePolicy(random): want error")
+	}
+}
+
+func TestFirstFitTakesFirstFeasible(t *testing.T) {
+	nodes := []NodeState{node(1000, 0, 0), node(8000, 1000, 1000), node(8000, 1000)}
+	i, g, ok := NewPlacer(FirstFit, nil).Place(nodes, Request{CPUMilli: 2000, GPUs: 1})
+	if !ok || i != 1 || len(g) != 1 || g[0] != 0 {
+		t.Fatalf("got %d %v %v", i, g, ok)
+	}
+}
+
+func TestBestFitTightestNodeAndGPU(t *testing.T) {
+	nodes := []NodeState{node(8000, 1000, 1000), node(8000, 1000, 300), node(8000, 1000, 600)}
+	p := NewPlacer(BestFit, nil)
+	i, g, ok := p.Place(nodes, Request{GPUMilli: 250})
+	if !ok || i != 1 || g[0] != 1 {
+		t.Fatalf("fraction: got %d %v %v; want node 1 gpu 1", i, g, ok)
+	}
+	i, g, ok = p.Place(nodes, Request{GPUMilli: 500})
+	if !ok || i != 1 || g[0] != 0 { // node 1 is left tighter overall
+		t.Fatalf("fraction 500: got %d %v %v; want node 1 gpu 0", i, g, ok)
+	}
+	if _, _, ok := p.Place(nodes, Request{GPUs: 3}); ok {
+		t.Fatal("3 GPUs placed on 2-GPU nodes")
+	}
+}
+
+func TestModelsAndSharing(t *testing.T) {
+	nodes := []NodeState{node(8000, 1000), node(8000, 1000)}
+	nodes[1].GPUs[0].Model = "B"
+	i, _, ok := NewPlacer(BestFit, nil).Place(nodes, Request{GPUs: 1, Models: []string{"B", "C"}})
+	if !ok || i != 1 {
+		t.Fatalf("models: got %d %v", i, ok)
+	}
+	nodes[0].GPUs[0] = GPU{FreeMilli: 500, Model: "A", Sharing: SharingTimeSlice}
+	nodes[1].GPUs[0].FreeMilli = 0
+	if _, _, ok := NewPlacer(BestFit, nil).Place(nodes, Request{GPUMilli: 200, Sharing: SharingMPS}); ok {
+		t.Fatal("MPS fraction placed on a time-sliced GPU")
+	}
+}
+
+func TestApplyRelease(t *testing.T) {
+	n := node(8000, 1000, 1000)
+	r := Request{CPUMilli: 100, GPUMilli: 300}
+	Apply(&n, r, []int{1})
+	if n.GPUs[1].FreeMilli != 700 || n.GPUs[1].Sharing != SharingMPS || n.FreeCPUMilli != 7900 {
+		t.Fatalf("apply: %+v", n)
+	}
+	Release(&n, r, []int{1})
+	if n.GPUs[1].FreeMilli != 1000 || n.GPUs[1].Sharing != SharingNone || n.FreeCPUMilli != 8000 {
+		t.Fatalf("release: %+v", n)
+	}
+}
+
+// FGD keeps a whole GPU free for the whole-GPU pods the workload expects:
+// a small fraction goes onto the partly used GPU, not onto a fresh one.
+func TestFGDAvoidsBreakingWholeGPUs(t *testing.T) {
+	w := NewWorkload()
+	w.Add(Request{GPUs: 1}, 5)
+	w.Add(Request{GPUMilli: 500}, 5)
+	nodes := []NodeState{node(8000, 1000, 1000), node(8000, 1000, 500)}
+	p := NewPlacer(FGD, w)
+	i, g, ok := p.Place(nodes, Request{GPUMilli: 500})
+	if !ok || i != 1 || g[0] != 1 {
+		t.Fatalf("got %d %v %v; want node 1 gpu 1", i, g, ok)
+	}
+}
+
+func TestFGDPlaceDoesNotAllocate(t *testing.T) {
+	w := NewWorkload()
+	w.Add(Request{GPUs: 1, CPUMilli: 1000}, 3)
+	w.Add(Request{GPUMilli: 250, CPUMilli: 500}, 2)
+	nodes := []NodeState{node(8000, 1000, 1000, 250, 0), node(16000, 1000, 700, 1000, 1000)}
+	p := NewPlacer(FGD, w)
+	p.CacheByIndex(true)
+	req := Request{GPUMilli: 250, CPUMilli: 500}
+	p.Place(nodes, req)
+	if a := testing.AllocsPerRun(100, func() { p.Place(nodes, req) }); a != 0 {
+		t.Fatalf("Place allocates %v times per call", a)
+	}
+}
