@@ -1,0 +1,248 @@
+// Package openb loads the Alibaba "openb" GPU trace (cluster-trace-gpu-v2023,
+// published with the FGD paper, USENIX ATC'23) and replays it on the
+// paper's protocol, as ../../docs/SCENARIOS.md of the shared docs spells it.
+package openb
+
+import (
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/tessera-gpu/tessera/controller/packing"
+)
+
+// Node is one row of openb_node_list_gpu_node.csv.
+type Node struct {
+	Name      string
+	CPUMilli  int64
+	MemoryMiB int64
+	GPUs      int
+	Model     string
+}
+
+// Pod is one row of openb_pod_list_*.csv; only the columns that placement
+// uses are kept (the times, QoS and phase are read but not needed).
+type Pod struct {
+	Name      string
+	CPUMilli  int64
+	MemoryMiB int64
+	NumGPU    int
+	GPUMilli  int // per GPU; < 1000 only for a fractional pod (NumGPU 1)
+	Models    []string
+}
+
+// Request is the pod as the packing package sees it.
+func (p *Pod) Request() packing.Request {
+	r := packing.Request{CPUMilli: p.CPUMilli, Memory: p.MemoryMiB, Models: p.Models}
+	switch {
+	case p.NumGPU == 1 && p.GPUMilli < packing.MilliPerGPU:
+		r.GPUMilli = p.GPUMilli
+	case p.NumGPU > 0:
+		r.GPUs = p.NumGPU
+	}
+	return r
+}
+
+// GPUMilliTotal is the pod's GPU request in milli-GPU.
+func (p *Pod) GPUMilliTotal() int64 { return int64(p.NumGPU) * int64(p.GPUMilli) }
+
+var (
+	nodeHeader = []string{"sn", "cpu_milli", "memory_mib", "gpu", "model"}
+	podHeader  = []string{"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec",
+		"qos", "pod_phase", "creation_time", "deletion_time", "scheduled_time"}
+)
+
+// table reads a CSV file with an exact header and reports errors as
+// file:line:column.
+type table struct {
+	path string
+	r    *csv.Reader
+	rec  []string
+}
+
+func openTable(path string, header []string) (*table, func() error, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("openb: %w", err)
+	}
+	r := csv.NewReader(f)
+	r.FieldsPerRecord = len(header)
+	r.ReuseRecord = true
+	t := &table{path: path, r: r}
+	h, err := r.Read()
+	if err != nil {
+		f.Close()
+		return nil, nil, t.wrap(err)
+	}
+	for i := range header {
+		name := h[i]
+		if i == 0 {
+			name = strings.TrimPrefix(name, "\ufeff")
+		}
+		if name != header[i] {
+			f.Close()
+			return nil, nil, t.errAt(i, "header column %d is %q, want %q (header %s)", i+1, h[i], header[i], strings.Join(header, ","))
+		}
+	}
+	return t, f.Close, nil
+}
+
+// next reads one record; it returns io.EOF at the end.
+func (t *table) next() error {
+	rec, err := t.r.Read()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return io.EOF
+		}
+		return t.wrap(err)
+	}
+	t.rec = rec
+	return nil
+}
+
+func (t *table) wrap(err error) error {
+	var pe *csv.ParseError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%s:%d:%d: %w", t.path, pe.Line, pe.Column, pe.Err)
+	}
+	if errors.Is(err, io.EOF) {
+		return fmt.Errorf("%s: empty file (no header)", t.path)
+	}
+	return fmt.Errorf("%s: %w", t.path, err)
+}
+
+func (t *table) errAt(col int, format string, args ...any) error {
+	line, c := t.r.FieldPos(col)
+	return fmt.Errorf("%s:%d:%d: %s", t.path, line, c, fmt.Sprintf(format, args...))
+}
+
+// int reads column col as an integer in [lo, hi].
+func (t *table) int(col int, name string, lo, hi int64) (int64, error) {
+	s := t.rec[col]
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, t.errAt(col, "%s: %q is not an integer", name, s)
+	}
+	if v < lo || v > hi {
+		return 0, t.errAt(col, "%s: %d is out of range [%d, %d]", name, v, lo, hi)
+	}
+	return v, nil
+}
+
+func (t *table) name(col int, what string, seen map[string]int) (string, error) {
+	s := t.rec[col]
+	if s == "" || strings.TrimSpace(s) != s {
+		return "", t.errAt(col, "%s: %q is empty or has surrounding spaces", what, s)
+	}
+	line, _ := t.r.FieldPos(col)
+	if prev, dup := seen[s]; dup {
+		return "", t.errAt(col, "%s %q repeats the one on line %d", what, s, prev)
+	}
+	seen[s] = line
+	return s, nil
+}
+
+// LoadNodes reads a node list (sn,cpu_milli,memory_mib,gpu,model).
+func LoadNodes(path string) ([]Node, error) {
+	t, closeFn, err := openTable(path, nodeHeader)
+	if err != nil {
+		return nil, err
+	}
+	defer closeFn()
+	var nodes []Node
+	seen := map[string]int{}
+	for {
+		if err := t.next(); err == io.EOF {
+			break
+		} else if err != nil {
+			return nil, err
+		}
+		var n Node
+		if n.Name, err = t.name(0, "node", seen); err != nil {
+			return nil, err
+		}
+		if n.CPUMilli, err = t.int(1, "cpu_milli", 0, 1<<40); err != nil {
+			return nil, err
+		}
+		if n.MemoryMiB, err = t.int(2, "memory_mib", 0, 1<<40); err != nil {
+			return nil, err
+		}
+		g, err := t.int(3, "gpu", 0, 1024)
+		if err != nil {
+			return nil, err
+		}
+		n.GPUs = int(g)
+		n.Model = t.rec[4]
+		if n.GPUs > 0 && n.Model == "" {
+			return nil, t.errAt(4, "model: empty for a node with %d GPUs", n.GPUs)
+		}
+		nodes = append(nodes, n)
+	}
+	if len(nodes) == 0 {
+		return nil, fmt.Errorf("%s: no nodes", path)
+	}
+	return nodes, nil
+}
+
+// LoadPods reads a pod list. gpu_spec is empty (any model) or models
+// joined by "|", e.g. "V100M16|V100M32".
+func LoadPods(path string) ([]Pod, error) {
+	t, closeFn, err := openTable(path, podHeader)
+	if err != nil {
+		return nil, err
+	}
+	defer closeFn()
+	var pods []Pod
+	seen := map[string]int{}
+	for {
+		if err := t.next(); err == io.EOF {
+			break
+		} else if err != nil {
+			return nil, err
+		}
+		var p Pod
+		if p.Name, err = t.name(0, "pod", seen); err != nil {
+			return nil, err
+		}
+		if p.CPUMilli, err = t.int(1, "cpu_milli", 0, 1<<40); err != nil {
+			return nil, err
+		}
+		if p.MemoryMiB, err = t.int(2, "memory_mib", 0, 1<<40); err != nil {
+			return nil, err
+		}
+		ng, err := t.int(3, "num_gpu", 0, 1024)
+		if err != nil {
+			return nil, err
+		}
+		gm, err := t.int(4, "gpu_milli", 0, packing.MilliPerGPU)
+		if err != nil {
+			return nil, err
+		}
+		p.NumGPU, p.GPUMilli = int(ng), int(gm)
+		switch {
+		case p.NumGPU == 0 && p.GPUMilli != 0:
+			return nil, t.errAt(4, "gpu_milli: %d with num_gpu 0", p.GPUMilli)
+		case p.NumGPU > 0 && p.GPUMilli == 0:
+			return nil, t.errAt(4, "gpu_milli: 0 with num_gpu %d", p.NumGPU)
+		case p.NumGPU > 1 && p.GPUMilli != packing.MilliPerGPU:
+			return nil, t.errAt(4, "gpu_milli: %d with num_gpu %d (only a single-GPU pod may take a fraction)", p.GPUMilli, p.NumGPU)
+		}
+		if spec := t.rec[5]; spec != "" {
+			for _, m := range strings.Split(spec, "|") {
+				if m == "" || strings.TrimSpace(m) != m {
+					return nil, t.errAt(5, "gpu_spec: %q has an empty or padded model name (want models joined by |)", spec)
+				}
+				p.Models = append(p.Models, m)
+			}
+		}
+		pods = append(pods, p)
+	}
+	if len(pods) == 0 {
+		return nil, fmt.Errorf("%s: no pods", path)
+	}
+	return pods, nil
+}
