@@ -7,7 +7,7 @@ COMMANDS := $(notdir $(wildcard cmd/*))
 # Go test timeout: the integration packages start a real control plane.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: all build test unit lint controlplane scenarios clean
+.PHONY: all build test unit lint controlplane scenarios clean generate
 
 all: build
 
@@ -38,3 +38,9 @@ lint:
 
 clean:
 	rm -rf $(BIN) $(TESSERA_CACHE)
+
+# Regenerate deepcopy and CRD manifests (controller-tools, pinned in hack/tools).
+CONTROLLER_GEN := cd hack/tools && GOFLAGS=-mod=mod $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen
+generate:
+	$(CONTROLLER_GEN) object:headerFile=/dev/null paths=$(CURDIR)/api/scheduling/... 
+	$(CONTROLLER_GEN) crd paths=$(CURDIR)/api/scheduling/... output:crd:artifacts:config=$(CURDIR)/api/scheduling/crds

@@ -1,0 +1,86 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// PodGroupPhase summarizes where a gang stands.
+// +kubebuilder:validation:Enum=Pending;Scheduled;Running;Failed
+type PodGroupPhase string
+
+const (
+	// PodGroupPending: fewer than minMember pods are placed.
+	PodGroupPending PodGroupPhase = "Pending"
+	// PodGroupScheduled: at least minMember pods are bound.
+	PodGroupScheduled PodGroupPhase = "Scheduled"
+	// PodGroupRunning: at least minMember pods are running.
+	PodGroupRunning PodGroupPhase = "Running"
+	// PodGroupFailed: the gang was evicted (for example, stale below minMember).
+	PodGroupFailed PodGroupPhase = "Failed"
+)
+
+// Condition types of a PodGroup.
+const (
+	// PodGroupConditionScheduled is True once minMember pods are placed; its
+	// reason and message say why not otherwise.
+	PodGroupConditionScheduled = "Scheduled"
+)
+
+// PodGroupSpec describes a gang: pods annotated tessera.dev/pod-group: NAME.
+type PodGroupSpec struct {
+	// MinMember is how many pods must be placed together, all or none.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:default=1
+	MinMember int32 `json:"minMember,omitempty"`
+	// Queue is the leaf queue the gang runs in; empty means the pods' label
+	// tessera.dev/queue, or "default".
+	// +optional
+	Queue string `json:"queue,omitempty"`
+	// PriorityClassName gives the gang's priority; empty means the pods' own.
+	// +optional
+	PriorityClassName string `json:"priorityClassName,omitempty"`
+}
+
+// PodGroupStatus is what the scheduler observed about a gang.
+type PodGroupStatus struct {
+	// +optional
+	Phase PodGroupPhase `json:"phase,omitempty"`
+	// Scheduled counts the group's pods that are bound to a node.
+	// +optional
+	Scheduled int32 `json:"scheduled,omitempty"`
+	// Running counts the group's pods that are running.
+	// +optional
+	Running int32 `json:"running,omitempty"`
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// PodGroup is a gang of pods placed all-or-nothing.
+//
+// +genclient
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:shortName=pg
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="MinMember",type=integer,JSONPath=`.spec.minMember`
+// +kubebuilder:printcolumn:name="Queue",type=string,JSONPath=`.spec.queue`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Scheduled",type=integer,JSONPath=`.status.scheduled`
+type PodGroup struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec PodGroupSpec `json:"spec,omitempty"`
+	// +optional
+	Status PodGroupStatus `json:"status,omitempty"`
+}
+
+// PodGroupList lists pod groups.
+//
+// +kubebuilder:object:root=true
+type PodGroupList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []PodGroup `json:"items"`
+}
