@@ -1,0 +1,243 @@
+package gpu
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/klog/v2"
+)
+
+// applicationXIDs are raised by a faulty application, not a faulty GPU; like
+// NVIDIA's device plugin, they leave the GPU healthy.
+var applicationXIDs = map[uint64]bool{
+	13:  true, // graphics engine exception
+	31:  true, // GPU memory page fault
+	43:  true, // GPU stopped processing
+	45:  true, // preemptive cleanup
+	68:  true, // video processor exception
+	109: true, // context switch timeout
+}
+
+var xidReasons = map[uint64]string{
+	48:  "double-bit ECC error",
+	61:  "internal micro-controller breakpoint",
+	62:  "internal micro-controller halt",
+	63:  "ECC page retirement or row remapping event",
+	64:  "ECC page retirement or row remapping failure",
+	74:  "NVLink error",
+	79:  "GPU has fallen off the bus",
+	92:  "high single-bit ECC error rate",
+	94:  "contained ECC error",
+	95:  "uncontained ECC error",
+	119: "GSP RPC timeout",
+	120: "GSP error",
+}
+
+// IsCriticalXID reports whether an XID error makes a GPU unhealthy.
+func IsCriticalXID(xid uint64) bool { return !applicationXIDs[xid] }
+
+// XIDReason describes an XID error in a person's words.
+func XIDReason(xid uint64) string {
+	if r, ok := xidReasons[xid]; ok {
+		return fmt.Sprintf("XID %d: %s", xid, r)
+	}
+	return fmt.Sprintf("XID %d: critical GPU error", xid)
+}
+
+// gpuState is what the health loop knows of one GPU.
+type gpuState struct {
+	handle    nvml.Device
+	uuid      string
+	healthy   bool
+	lastFault time.Time
+}
+
+// Health streams health changes until ctx is done. Each call watches on its
+// own NVML event set, so several consumers can each have a stream.
+//
+// A GPU turns unhealthy on a critical XID event, or when NVML reports it lost.
+// It turns healthy again once it answers NVML, has no row remapping pending
+// (those need a GPU reset) and no critical XID for the recovery quiet period.
+func (n *NVMLInventory) Health(ctx context.Context) <-chan HealthEvent {
+	out := make(chan HealthEvent, 64)
+	go func() {
+		defer close(out)
+		n.watchHealth(ctx, out)
+	}()
+	return out
+}
+
+func (n *NVMLInventory) watchHealth(ctx context.Context, out chan<- HealthEvent) {
+	count, ret := n.lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		klog.Errorf("Health: counting GPUs: %s", nvml.ErrorString(ret))
+		return
+	}
+	states := make([]*gpuState, count)
+	for i := range states {
+		states[i] = &gpuState{healthy: true}
+		if h, ret := n.lib.DeviceGetHandleByIndex(i); ret == nvml.SUCCESS {
+			states[i].handle = h
+			states[i].uuid, _ = h.GetUUID()
+		}
+	}
+
+	var set nvml.EventSet
+	if s, ret := n.lib.EventSetCreate(); ret == nvml.SUCCESS {
+		set = s
+		defer s.Free()
+		for i := range states {
+			h, ret := n.lib.DeviceGetHandleByIndex(i)
+			if ret != nvml.SUCCESS {
+				continue
+			}
+			if ret := h.RegisterEvents(nvml.EventTypeXidCriticalError, set); ret != nvml.SUCCESS {
+				klog.Warningf("Health: GPU %d does not report XID events (%s); only polling it", i, nvml.ErrorString(ret))
+			}
+		}
+	} else {
+		klog.Warningf("Health: no NVML event set (%s); only polling GPUs", nvml.ErrorString(ret))
+	}
+
+	send := func(i int, healthy bool, reason string, xid uint64) bool {
+		st := states[i]
+		if st.healthy == healthy {
+			return true
+		}
+		st.healthy = healthy
+		ev := HealthEvent{UUID: st.uuid, Index: i, Healthy: healthy, Reason: reason, XID: xid, Time: time.Now()}
+		if healthy {
+			klog.Infof("GPU %d (%s) is healthy again: %s", i, st.uuid, reason)
+		} else {
+			klog.Warningf("GPU %d (%s) is unhealthy: %s", i, st.uuid, reason)
+		}
+		select {
+		case out <- ev:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+
+	// Wait in short slices so that ctx cancellation is noticed promptly.
+	wait := n.opts.probeInterval
+	if wait <= 0 || wait > time.Second {
+		wait = time.Second
+	}
+	nextProbe := time.Now()
+	for ctx.Err() == nil {
+		if !time.Now().Before(nextProbe) {
+			for i := range states {
+				healthy, reason := n.probe(i, states[i])
+				if !send(i, healthy, reason, 0) {
+					return
+				}
+			}
+			nextProbe = time.Now().Add(n.opts.probeInterval)
+		}
+		if set == nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+			}
+			continue
+		}
+		e, ret := set.Wait(uint32(wait / time.Millisecond))
+		switch ret {
+		case nvml.SUCCESS:
+		case nvml.ERROR_TIMEOUT:
+			continue
+		case nvml.ERROR_GPU_IS_LOST:
+			// Which GPU is not said; the probe finds out.
+			nextProbe = time.Now()
+			continue
+		default:
+			klog.Warningf("Health: waiting for NVML events: %s", nvml.ErrorString(ret))
+			continue
+		}
+		if e.EventType != nvml.EventTypeXidCriticalError {
+			continue
+		}
+		i := n.eventIndex(e, states)
+		if i < 0 {
+			klog.Warningf("Health: XID %d on an unknown GPU", e.EventData)
+			continue
+		}
+		if !IsCriticalXID(e.EventData) {
+			klog.V(2).Infof("Health: GPU %d reported application XID %d; still healthy", i, e.EventData)
+			continue
+		}
+		states[i].lastFault = time.Now()
+		if !send(i, false, XIDReason(e.EventData), e.EventData) {
+			return
+		}
+	}
+}
+
+// eventIndex finds which GPU an event is about.
+func (n *NVMLInventory) eventIndex(e nvml.EventData, states []*gpuState) int {
+	if e.Device == nil {
+		return -1
+	}
+	// The handle identifies even a GPU that no longer answers queries.
+	for i, st := range states {
+		if sameHandle(st.handle, e.Device) {
+			return i
+		}
+	}
+	if uuid, ret := e.Device.GetUUID(); ret == nvml.SUCCESS {
+		for i, st := range states {
+			if st.uuid == uuid {
+				return i
+			}
+		}
+	}
+	if idx, ret := e.Device.GetIndex(); ret == nvml.SUCCESS && idx >= 0 && idx < len(states) {
+		return idx
+	}
+	return -1
+}
+
+// probe says whether GPU i is healthy now, and why.
+func (n *NVMLInventory) probe(i int, st *gpuState) (bool, string) {
+	h, ret := n.lib.DeviceGetHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		return false, "GPU lost: " + nvml.ErrorString(ret)
+	}
+	uuid, ret := h.GetUUID()
+	if ret != nvml.SUCCESS {
+		return false, "GPU lost: " + nvml.ErrorString(ret)
+	}
+	if st.uuid == "" {
+		st.uuid = uuid
+	}
+	if st.healthy {
+		return true, ""
+	}
+	// Only an unhealthy GPU is checked further: recovery must be earned.
+	if _, _, pending, failed, ret := h.GetRemappedRows(); ret == nvml.SUCCESS {
+		if failed {
+			return false, "row remapping failed; the GPU needs replacing"
+		}
+		if pending {
+			return false, "row remapping pending; the GPU needs a reset"
+		}
+	}
+	if since := time.Since(st.lastFault); !st.lastFault.IsZero() && since < n.opts.quietPeriod {
+		return false, "waiting for the GPU to stay free of errors"
+	}
+	return true, "GPU answers NVML again with no pending errors"
+}
+
+// sameHandle compares two device handles; a handle type that cannot be
+// compared just does not match.
+func sameHandle(a, b nvml.Device) (same bool) {
+	defer func() {
+		if recover() != nil {
+			same = false
+		}
+	}()
+	return a != nil && a == b
+}
