@@ -115,7 +115,20 @@ type fgdState struct {
 	cache   []fragEntry
 	version uint64
 	w       *Workload
+	// memo maps a node state to its fragmentation: many nodes share a
+	// shape and a state (e.g. every empty node of one type), so most
+	// evaluations are lookups.
+	memo map[memoKey]float64
 }
+
+type memoKey struct {
+	cpu, mem int64
+	key      [3]uint64
+	model    string
+}
+
+// memoLimit bounds the memo; it is cleared when full.
+const memoLimit = 1 << 18
 
 type fragEntry struct {
 	valid    bool
@@ -180,36 +193,90 @@ func fragmentation(w *Workload, cpu, mem int64, gpus []GPU) float64 {
 		if wfit == 0 {
 			continue
 		}
-		need := c.req.GPUs
-		if need == 0 {
-			need = 1
-		}
-		usable := 0
-		var lost int64
+		f += wfit * float64(lostFor(&c.req, gpus, total))
+	}
+	return f / w.total
+}
+
+// lostFor is the free share of the GPUs that a pod of class c could not
+// use on a node whose CPU and memory it fits: all of it when too few GPUs
+// are usable, else the free share of the unusable ones.
+func lostFor(c *Request, gpus []GPU, total int64) int64 {
+	need, d := c.GPUs, c.GPUMilli
+	if need > 0 {
+		d = MilliPerGPU
+	} else {
+		need = 1
+	}
+	usable := 0
+	var lost int64
+	if len(c.Models) == 0 {
+		// The common case, without the model check.
 		for i := range gpus {
-			if gpuUsable(&gpus[i], &c.req) {
+			g := &gpus[i]
+			if g.FreeMilli >= d && (g.Sharing == SharingNone || g.Sharing == c.Sharing) {
+				usable++
+			} else {
+				lost += int64(g.FreeMilli)
+			}
+		}
+	} else {
+		for i := range gpus {
+			if gpuUsable(&gpus[i], c) {
 				usable++
 			} else {
 				lost += int64(gpus[i].FreeMilli)
 			}
 		}
-		if usable < need {
-			lost = total
-		}
-		f += wfit * float64(lost)
 	}
-	return f / w.total
+	if usable < need {
+		return total
+	}
+	return lost
+}
+
+// frag is fragmentation through the memo. Nodes whose GPUs are of mixed
+// models, or too many to pack, are computed directly.
+func (p *Placer) frag(cpu, mem int64, gpus []GPU) float64 {
+	w := p.Workload
+	p.syncWorkload()
+	k, ok := fragKey(gpus)
+	if !ok || len(gpus) == 0 {
+		return fragmentation(w, cpu, mem, gpus)
+	}
+	model := gpus[0].Model
+	for i := 1; i < len(gpus); i++ {
+		if gpus[i].Model != model {
+			return fragmentation(w, cpu, mem, gpus)
+		}
+	}
+	mk := memoKey{cpu: cpu, mem: mem, key: k, model: model}
+	if f, hit := p.fgd.memo[mk]; hit {
+		return f
+	}
+	f := fragmentation(w, cpu, mem, gpus)
+	if p.fgd.memo == nil || len(p.fgd.memo) >= memoLimit {
+		p.fgd.memo = make(map[memoKey]float64, 1024)
+	}
+	p.fgd.memo[mk] = f
+	return f
+}
+
+// syncWorkload drops what was computed for an older workload.
+func (p *Placer) syncWorkload() {
+	w := p.Workload
+	if p.fgd.w != w || p.fgd.version != w.version {
+		p.fgd.w, p.fgd.version = w, w.version
+		clear(p.fgd.cache)
+		clear(p.fgd.memo)
+	}
 }
 
 // nodeFrag is fragmentation with the per-node cache.
 func (p *Placer) nodeFrag(idx int, n *NodeState) float64 {
-	w := p.Workload
+	p.syncWorkload()
 	if p.fgd.cache == nil || idx < 0 {
-		return fragmentation(w, n.FreeCPUMilli, n.FreeMemory, n.GPUs)
-	}
-	if p.fgd.w != w || p.fgd.version != w.version {
-		p.fgd.w, p.fgd.version = w, w.version
-		clear(p.fgd.cache)
+		return p.frag(n.FreeCPUMilli, n.FreeMemory, n.GPUs)
 	}
 	for len(p.fgd.cache) <= idx {
 		p.fgd.cache = append(p.fgd.cache, fragEntry{})
@@ -219,7 +286,7 @@ func (p *Placer) nodeFrag(idx int, n *NodeState) float64 {
 	if ok && e.valid && e.cpu == n.FreeCPUMilli && e.mem == n.FreeMemory && e.key == k {
 		return e.frag
 	}
-	f := fragmentation(w, n.FreeCPUMilli, n.FreeMemory, n.GPUs)
+	f := p.frag(n.FreeCPUMilli, n.FreeMemory, n.GPUs)
 	*e = fragEntry{valid: ok, cpu: n.FreeCPUMilli, mem: n.FreeMemory, key: k, frag: f}
 	return f
 }
@@ -242,7 +309,7 @@ func (p *Placer) fgdScore(idx int, n *NodeState, r *Request) (float64, []int) {
 		for _, i := range g {
 			gs[i].FreeMilli -= MilliPerGPU
 		}
-		after = fragmentation(w, cpu, mem, gs)
+		after = p.frag(cpu, mem, gs)
 	case r.GPUMilli > 0:
 		bestGPU, bestAfter := -1, 0.0
 		for i := range n.GPUs {
@@ -253,7 +320,7 @@ func (p *Placer) fgdScore(idx int, n *NodeState, r *Request) (float64, []int) {
 			old := gs[i]
 			gs[i].FreeMilli -= r.GPUMilli
 			gs[i].Sharing = r.Sharing
-			a := fragmentation(w, cpu, mem, gs)
+			a := p.frag(cpu, mem, gs)
 			gs[i] = old
 			if bestGPU < 0 || a < bestAfter ||
 				(a == bestAfter && gi.FreeMilli < n.GPUs[bestGPU].FreeMilli) {
@@ -263,7 +330,7 @@ func (p *Placer) fgdScore(idx int, n *NodeState, r *Request) (float64, []int) {
 		g = append(g, bestGPU)
 		after = bestAfter
 	default:
-		after = fragmentation(w, cpu, mem, gs)
+		after = p.frag(cpu, mem, gs)
 	}
 	p.cand = g
 	return before - after, g
