@@ -1,0 +1,147 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/tessera-gpu/tessera/controller/openb"
+	"github.com/tessera-gpu/tessera/controller/packing"
+)
+
+func init() {
+	register("openb", "replay an Alibaba openb GPU trace on the FGD paper's protocol", runOpenB)
+}
+
+// runOpenB implements `tessera-sim openb` (SCENARIOS.md). Exit 0 on success,
+// 2 on bad flags or unreadable trace files.
+func runOpenB(args []string) int { return openbMain(args, os.Stdout, os.Stderr) }
+
+func openbMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("openb", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	nodesPath := fs.String("nodes", "", "node list CSV (openb_node_list_gpu_node.csv)")
+	podsPath := fs.String("pods", "", "pod list CSV (openb_pod_list_*.csv)")
+	tune := fs.Float64("tune", 1.3, "arrived GPU demand as a multiple of cluster GPU capacity")
+	seed := fs.Uint64("seed", 42, "random seed for the shuffle and the copies")
+	seeds := fs.String("seeds", "", "several seeds, e.g. 42-51 or 1,5,9: prints each and the mean (overrides --seed)")
+	asJSON := fs.Bool("json", false, "print JSON, one object per line")
+	policies := fs.String("policy", "fgd", "placement policy: fgd (default), bestfit, firstfit; a comma list compares them in one run")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: tessera-sim openb --nodes NODES.csv --pods PODS.csv [--tune 1.3] [--seed 42 | --seeds 42-51] [--json] [--policy fgd|bestfit|firstfit[,...]]")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "tessera-sim openb: %v\n", err)
+		return 2
+	}
+	if fs.NArg() > 0 {
+		return fail(fmt.Errorf("unexpected argument %q", fs.Arg(0)))
+	}
+	if *nodesPath == "" || *podsPath == "" {
+		return fail(errors.New("--nodes and --pods are required"))
+	}
+	seedList := []uint64{*seed}
+	if *seeds != "" {
+		var err error
+		if seedList, err = parseSeeds(*seeds); err != nil {
+			return fail(err)
+		}
+	}
+	var pols []packing.Policy
+	for _, s := range strings.Split(*policies, ",") {
+		p, err := packing.ParsePolicy(s)
+		if err != nil {
+			return fail(err)
+		}
+		pols = append(pols, p)
+	}
+	nodes, err := openb.LoadNodes(*nodesPath)
+	if err != nil {
+		return fail(err)
+	}
+	pods, err := openb.LoadPods(*podsPath)
+	if err != nil {
+		return fail(err)
+	}
+	enc := json.NewEncoder(stdout)
+	multi := len(seedList) > 1 || len(pols) > 1
+	if !*asJSON && multi {
+		fmt.Fprintf(stdout, "%-9s %6s %9s %10s %8s %8s %8s\n", "policy", "seed", "rate %", "allocated", "arrived", "placed", "failed")
+	}
+	for _, pol := range pols {
+		var sum float64
+		for _, s := range seedList {
+			res, err := openb.Replay(nodes, pods, openb.Config{Tune: *tune, Seed: s, Policy: pol})
+			if err != nil {
+				return fail(err)
+			}
+			sum += res.GPUAllocationRate
+			switch {
+			case *asJSON && multi:
+				enc.Encode(struct {
+					Policy string `json:"policy"`
+					openb.Result
+				}{pol.String(), res})
+			case *asJSON:
+				enc.Encode(res)
+			case multi:
+				fmt.Fprintf(stdout, "%-9s %6d %9.2f %10.2f %8d %8d %8d\n", pol, s, 100*res.GPUAllocationRate,
+					res.GPUAllocated, res.PodsArrived, res.PodsPlaced, res.PodsFailed)
+			default:
+				fmt.Fprintf(stdout, "policy %s, seed %d, tune %g: GPU allocation rate %.2f %% (%.2f of %d GPUs); pods arrived %d, placed %d, failed %d\n",
+					pol, s, *tune, 100*res.GPUAllocationRate, res.GPUAllocated, res.GPUCapacity, res.PodsArrived, res.PodsPlaced, res.PodsFailed)
+			}
+		}
+		if len(seedList) > 1 {
+			mean := sum / float64(len(seedList))
+			if *asJSON {
+				enc.Encode(struct {
+					Policy string   `json:"policy"`
+					Mean   float64  `json:"meanGpuAllocationRate"`
+					Seeds  []uint64 `json:"seeds"`
+					Tune   float64  `json:"tune"`
+				}{pol.String(), mean, seedList, *tune})
+			} else {
+				fmt.Fprintf(stdout, "%-9s %6s %9.2f\n", pol, "mean", 100*mean)
+			}
+		}
+	}
+	return 0
+}
+
+// parseSeeds reads "42-51" (inclusive) or "1,5,9" or a mix ("1,42-44").
+func parseSeeds(s string) ([]uint64, error) {
+	var out []uint64
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
+		a, err := strconv.ParseUint(lo, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("--seeds %q: %q is not a seed", s, lo)
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.ParseUint(hi, 10, 64); err != nil || b < a || b-a > 10000 {
+				return nil, fmt.Errorf("--seeds %q: %q is not a range like 42-51", s, part)
+			}
+		}
+		for v := a; ; v++ {
+			out = append(out, v)
+			if v == b {
+				break
+			}
+		}
+	}
+	return out, nil
+}
