@@ -263,7 +263,8 @@ type Result struct {
 	Binds []Bind
 	// Evictions in decision order.
 	Evictions []Eviction
-	// Pending holds every pod left pending, with its reason, in job order.
+	// Pending holds every pod left pending, with its reason, by job name
+	// then pod order.
 	Pending []PendingPod
 	// Queues by name, parents included.
 	Queues map[string]QueueStatus

@@ -1,6 +1,10 @@
 package core
 
-import "errors"
+import (
+	"fmt"
+	"slices"
+	"time"
+)
 
 // Schedule runs one scheduling cycle on the snapshot: stale-gang eviction,
 // fair share, then allocate → consolidate → reclaim → preempt, each simulated
@@ -8,6 +12,107 @@ import "errors"
 // the snapshot. It returns an error, naming the offending object, when the
 // snapshot is inconsistent (unknown queue or parent, a job in a parent queue,
 // duplicate names, a pod placed on an unknown node or GPU).
-func Schedule(s *Snapshot, cfg Config) (*Result, error) {
-	return nil, errors.New("core: not implemented yet")
+func Schedule(snap *Snapshot, cfg Config) (*Result, error) {
+	if snap == nil {
+		return nil, fmt.Errorf("core: nil snapshot")
+	}
+	start := time.Now()
+	s, err := newSession(snap, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("core: invalid snapshot: %w", err)
+	}
+	res := &Result{}
+	step := func(a Action, f func()) {
+		t := time.Now()
+		f()
+		res.Timings = append(res.Timings, Timing{Action: a, Duration: time.Since(t)})
+	}
+	res.Timings = append(res.Timings, Timing{Action: "snapshot", Duration: time.Since(start)})
+	step("fair-share", func() {
+		s.computeFairShare()
+		s.buildVictimOrder()
+	})
+	step(ActionStaleGang, s.staleGangs)
+	step(ActionAllocate, s.allocate)
+	if !s.cfg.DisableConsolidation {
+		step(ActionConsolidate, s.consolidate)
+	}
+	step(ActionReclaim, s.reclaim)
+	step(ActionPreempt, s.preempt)
+	step("result", func() { s.result(res) })
+	return res, nil
+}
+
+// result turns the committed log into decisions: each pod whose final state
+// differs from the snapshot's, in the order of its last change.
+func (s *session) result(res *Result) {
+	last := map[*podState]int{}
+	lastDetach := map[*podState]int{}
+	for i, o := range s.log {
+		last[o.pod] = i
+		if !o.attach {
+			lastDetach[o.pod] = i
+		}
+	}
+	changed := make([]*podState, 0, len(last))
+	for p := range last {
+		changed = append(changed, p)
+	}
+	slices.SortFunc(changed, func(a, b *podState) int { return last[a] - last[b] })
+	for _, p := range changed {
+		o := &s.log[last[p]]
+		wasPlaced := p.origNode != nil && p.phase != PodReleasing
+		switch {
+		case wasPlaced && p.atOrig:
+			// Evicted and put back within one plan: no decision.
+		case wasPlaced:
+			d := &s.log[lastDetach[p]]
+			ev := Eviction{Pod: p.name, Job: p.job.name, Node: p.origNode.name, Action: d.action, Reason: d.reason}
+			if p.node != nil {
+				pl := s.export(p)
+				ev.MoveTo = &pl
+			}
+			p.origNode.evicted = true
+			res.Evictions = append(res.Evictions, ev)
+		case p.node != nil:
+			res.Binds = append(res.Binds, Bind{Pod: p.name, Job: p.job.name, Placement: s.export(p), Action: o.action})
+		}
+	}
+	for i := range res.Binds {
+		b := &res.Binds[i]
+		res.Binds[i].Pipelined = s.nodeByN[b.Placement.Node].evicted
+	}
+	res.Jobs = make(map[string]JobStatus, len(s.jobs))
+	for _, j := range s.jobs {
+		st := JobStatus{Placed: j.placed}
+		for _, p := range j.pods {
+			if p.node == nil {
+				st.Pending++
+			}
+			if p.phase == PodPending && p.node == nil {
+				why := p.reason
+				if why == "" {
+					why = "not reached in this cycle"
+				}
+				res.Pending = append(res.Pending, PendingPod{Pod: p.name, Job: j.name, Reason: why})
+			}
+		}
+		st.BelowMinMember = j.placed > 0 && j.placed < j.minMember
+		res.Jobs[j.name] = st
+	}
+	res.Queues = make(map[string]QueueStatus, len(s.queues))
+	for _, q := range s.queues {
+		res.Queues[q.name] = QueueStatus{FairShare: q.fairShare, Allocated: q.allocated, Pending: q.pending, Quota: q.quota, Limit: q.limit}
+	}
+}
+
+// export writes a pod's live placement in the API's terms.
+func (s *session) export(p *podState) Placement {
+	pl := Placement{Node: p.node.name, Sharing: p.sharing}
+	for i, gi := range p.gpus {
+		pl.GPUs = append(pl.GPUs, p.node.gpus[gi].index)
+		pl.GPUMilli = append(pl.GPUMilli, p.gpuMilli[i])
+		pl.GPUMemory = append(pl.GPUMemory, p.gpuMem[i])
+	}
+	return pl
 }

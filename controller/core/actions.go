@@ -1,0 +1,205 @@
+package core
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// candidates are the job's pods still waiting, biggest GPU request first
+// (a gang fits more often when its big pods go first), then by name.
+func (s *session) candidates(j *jobState) []*podState {
+	var out []*podState
+	for _, p := range j.pods {
+		if p.phase == PodPending && p.node == nil {
+			out = append(out, p)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b *podState) int {
+		if a.res[ResGPU] != b.res[ResGPU] {
+			if a.res[ResGPU] > b.res[ResGPU] {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.name, b.name)
+	})
+	return out
+}
+
+// needed is how many pods the job must place now: the rest of its gang
+// while short of minMember, else one more.
+func needed(j *jobState) int {
+	if j.placed < j.minMember {
+		return j.minMember - j.placed
+	}
+	return 1
+}
+
+func sumRes(ps []*podState) Resources {
+	var r Resources
+	for _, p := range ps {
+		addRes(&r, p.res, 1)
+	}
+	return r
+}
+
+// gates checks the policy that no eviction can change: queue limits (leaf
+// and ancestors) and, for non-preemptible jobs, quotas. "" when it passes.
+func (s *session) gates(j *jobState, req Resources, checkLimit bool) string {
+	for q := j.queue; q != s.root; q = q.parent {
+		for r := Resource(0); r < NumResources; r++ {
+			if req[r] == 0 {
+				continue
+			}
+			if checkLimit && q.limit[r] != Unlimited && q.allocated[r]+req[r] > q.limit[r] {
+				if q.allocated[r] >= q.limit[r] {
+					return fmt.Sprintf("queue %s at its limit of %s", q.name, formatAmount(r, q.limit[r]))
+				}
+				return fmt.Sprintf("queue %s would exceed its limit of %s (%s in use, job %s needs %s)",
+					q.name, formatAmount(r, q.limit[r]), formatAmount(r, q.allocated[r]), j.name, formatAmount(r, req[r]))
+			}
+			if !j.preemptible && q.quota[r] != Unlimited && q.allocNP[r]+req[r] > q.quota[r] {
+				return fmt.Sprintf("non-preemptible job %s needs %s within quota; queue %s has %s of its quota of %s left",
+					j.name, formatAmount(r, req[r]), q.name, formatAmount(r, max(0, q.quota[r]-q.allocNP[r])), formatAmount(r, q.quota[r]))
+			}
+		}
+	}
+	return ""
+}
+
+// findPlace is bestNode with a memo of shapes known not to fit.
+func (s *session) findPlace(p *podState) (*plan, string) {
+	if e, ok := s.failCache[p.shape]; ok && e.epoch == s.freeEpoch {
+		return nil, e.reason
+	}
+	if pl := s.bestNode(p); pl != nil {
+		return pl, ""
+	}
+	why := s.whyNot(p)
+	s.failCache[p.shape] = failEntry{epoch: s.freeEpoch, reason: why}
+	return nil, why
+}
+
+func setReason(ps []*podState, why string) {
+	for _, p := range ps {
+		p.reason = why
+	}
+}
+
+// staleGangs evicts every gang that has stayed below minMember too long.
+func (s *session) staleGangs() {
+	if s.cfg.StaleGangTimeout < 0 {
+		return
+	}
+	for _, j := range s.jobs {
+		if j.placed == 0 || j.placed >= j.minMember || j.belowSince.IsZero() || s.now.Sub(j.belowSince) < s.cfg.StaleGangTimeout {
+			continue
+		}
+		why := fmt.Sprintf("gang %s below its minMember of %d for %s", j.name, j.minMember, s.now.Sub(j.belowSince).Round(1e9))
+		for _, p := range j.pods {
+			if p.node != nil && p.phase != PodReleasing {
+				s.detach(p, ActionStaleGang, why)
+			}
+		}
+	}
+}
+
+// allocate places pending jobs on free capacity; it never evicts. Gangs
+// short of minMember go first, all-or-nothing; then pods beyond minMember,
+// one at a time.
+func (s *session) allocate() {
+	tried := map[*jobState]bool{}
+	gangNeed := func(j *jobState) (Resources, bool) {
+		if tried[j] || j.placed >= j.minMember {
+			return Resources{}, false
+		}
+		c := s.candidates(j)
+		n := needed(j)
+		if len(c) < n {
+			return Resources{}, false
+		}
+		return sumRes(c[:n]), true
+	}
+	s.runOrdered(func(j *jobState) bool { return j.placed < j.minMember }, gangNeed, func(j *jobState) bool {
+		tried[j] = true
+		s.allocateJob(j, ActionAllocate)
+		return false
+	})
+	// Pods beyond minMember.
+	done := map[*jobState]bool{}
+	extraNeed := func(j *jobState) (Resources, bool) {
+		if done[j] || j.placed < j.minMember {
+			return Resources{}, false
+		}
+		c := s.candidates(j)
+		if len(c) == 0 {
+			return Resources{}, false
+		}
+		return c[0].res, true
+	}
+	s.runOrdered(func(j *jobState) bool { return true }, extraNeed, func(j *jobState) bool {
+		c := s.candidates(j)
+		p := c[0]
+		if why := s.gates(j, p.res, true); why != "" {
+			setReason(c, why)
+			j.gated = true
+			done[j] = true
+			return false
+		}
+		pl, why := s.findPlace(p)
+		if pl == nil {
+			setReason(c, why)
+			done[j] = true
+			return false
+		}
+		s.attach(p, pl, ActionAllocate, "")
+		return true
+	})
+	// Jobs that cannot reach minMember with the pods they have.
+	for _, j := range s.jobs {
+		if c := s.candidates(j); len(c) > 0 && j.placed+len(c) < j.minMember {
+			setReason(c, fmt.Sprintf("gang %s needs %d pods; only %d exist", j.name, j.minMember, j.placed+len(c)))
+		}
+	}
+}
+
+// allocateJob places the job's missing gang members on free capacity, all
+// or nothing.
+func (s *session) allocateJob(j *jobState, a Action) bool {
+	c := s.candidates(j)
+	n := needed(j)
+	if len(c) < n {
+		return false
+	}
+	if why := s.gates(j, sumRes(c[:n]), true); why != "" {
+		setReason(c, why)
+		j.gated = true
+		return false
+	}
+	cp := s.checkpoint()
+	placed, firstWhy := 0, ""
+	for _, p := range c[:n] {
+		pl, why := s.findPlace(p)
+		if pl == nil {
+			if firstWhy == "" {
+				firstWhy = fmt.Sprintf("pod %s: %s", p.name, why)
+			}
+			if n == 1 {
+				firstWhy = why
+			}
+			continue // keep counting how many fit, for the reason
+		}
+		s.attach(p, pl, a, "")
+		placed++
+	}
+	if placed == n {
+		return true
+	}
+	s.rollback(cp)
+	if n > 1 || j.minMember > 1 {
+		firstWhy = fmt.Sprintf("gang %s needs %d pods; only %d fit (%s)", j.name, j.minMember, j.placed+placed, firstWhy)
+	}
+	setReason(c, firstWhy)
+	return false
+}

@@ -1,0 +1,403 @@
+package core
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// buildVictimOrder ranks every placed pod in DESIGN.md's victim order:
+// lowest job priority first, then newest job first; within a job the last
+// pod by name first. Each node keeps its own pods in the same order.
+func (s *session) buildVictimOrder() {
+	for _, p := range s.pods {
+		if p.node != nil && p.phase != PodReleasing {
+			s.victims = append(s.victims, p)
+		}
+	}
+	slices.SortFunc(s.victims, func(a, b *podState) int {
+		ja, jb := a.job, b.job
+		if ja.priority != jb.priority {
+			if ja.priority < jb.priority {
+				return -1
+			}
+			return 1
+		}
+		if c := jb.created.Compare(ja.created); c != 0 {
+			return c
+		}
+		if c := strings.Compare(ja.name, jb.name); c != 0 {
+			return c
+		}
+		return strings.Compare(b.name, a.name)
+	})
+	for i, p := range s.victims {
+		p.rank = i
+		p.node.victims = append(p.node.victims, p)
+	}
+}
+
+// evictPolicy is what one evicting action allows.
+type evictPolicy struct {
+	action Action
+	// eligible says whether v may be evicted at all for job j.
+	eligible func(v *podState) bool
+	// rules checks a unit of victims against the action's rules (reclaim's
+	// fair-share and quota tests); nil allows all.
+	rules func(unit []*podState) bool
+	// wholeGang evicts a victim's whole gang when it would drop below
+	// minMember (not for moves: a moved pod is re-placed).
+	wholeGang bool
+	reason    func(v *podState) string
+}
+
+// unitOf is what evicting v takes: v alone, or its whole gang when v's job
+// would otherwise drop below minMember.
+func (s *session) unitOf(v *podState, pol *evictPolicy) []*podState {
+	j := v.job
+	if !pol.wholeGang || j.placed-1 >= j.minMember {
+		return []*podState{v}
+	}
+	var unit []*podState
+	for _, p := range j.pods {
+		if p.node != nil && p.phase != PodReleasing {
+			unit = append(unit, p)
+		}
+	}
+	return unit
+}
+
+// tryNode evicts victims on n in victim order, skipping those the policy
+// forbids, until p fits. It leaves its evictions applied (the caller rolls
+// back) and returns the plan, the highest victim rank it took and how many.
+func (s *session) tryNode(p *podState, n *nodeState, pol *evictPolicy) (*plan, int, int) {
+	if staticFit(p, n) != fitOK {
+		return nil, 0, 0
+	}
+	maxRank, count := -1, 0
+	for _, v := range n.victims {
+		if !v.atOrig || v.node != n || !pol.eligible(v) {
+			continue
+		}
+		unit := s.unitOf(v, pol)
+		if slices.ContainsFunc(unit, func(u *podState) bool { return !u.atOrig || !pol.eligible(u) }) {
+			continue
+		}
+		if pol.rules != nil && !pol.rules(unit) {
+			continue
+		}
+		for _, u := range unit {
+			maxRank = max(maxRank, u.rank)
+			count++
+			s.detach(u, pol.action, pol.reason(u))
+		}
+		if pl, why, _ := fitOnNode(p, n); why == fitOK {
+			return pl, maxRank, count
+		}
+	}
+	return nil, 0, 0
+}
+
+// placeEvicting places p, on free capacity if it fits, else on the node
+// whose needed victims come earliest in victim order (then fewest, then
+// best scored). It searches nodes in the order of their first eligible
+// victim and stops when no unseen node can beat the best found.
+func (s *session) placeEvicting(p *podState, pol *evictPolicy) bool {
+	if pl, _ := s.findPlace(p); pl != nil {
+		s.attach(p, pl, pol.action, "")
+		return true
+	}
+	s.seenGen++
+	var best *nodeState
+	bestRank, bestCount := 0, 0
+	var bestScore int64
+	for i, v := range s.victims {
+		if best != nil && i >= bestRank {
+			break
+		}
+		n := v.node
+		if n == nil || !v.atOrig || n.seen == s.seenGen || !pol.eligible(v) {
+			continue
+		}
+		n.seen = s.seenGen
+		cp := s.checkpoint()
+		pl, rank, count := s.tryNode(p, n, pol)
+		if pl != nil {
+			sc := s.scorer.score(p, pl)
+			if best == nil || rank < bestRank || rank == bestRank && (count < bestCount || count == bestCount && sc > bestScore) {
+				best, bestRank, bestCount, bestScore = n, rank, count, sc
+			}
+		}
+		s.rollback(cp)
+	}
+	if best == nil {
+		return false
+	}
+	pl, _, _ := s.tryNode(p, best, pol)
+	s.attach(p, pl, pol.action, "")
+	return true
+}
+
+// placeJobEvicting places the job's missing pods (all or nothing) with
+// evictions under pol; after, when set, must accept the final plan.
+func (s *session) placeJobEvicting(j *jobState, pol *evictPolicy, after func(cp int) bool) bool {
+	c := s.candidates(j)
+	n := needed(j)
+	if len(c) < n {
+		return false
+	}
+	cp := s.checkpoint()
+	for _, p := range c[:n] {
+		if !s.placeEvicting(p, pol) {
+			s.rollback(cp)
+			return false
+		}
+	}
+	if after != nil && !after(cp) {
+		s.rollback(cp)
+		return false
+	}
+	return true
+}
+
+// pendingJobs picks jobs with pods still waiting that policy gates allow.
+func (s *session) pendingNeed(tried map[*jobState]bool) func(j *jobState) (Resources, bool) {
+	return func(j *jobState) (Resources, bool) {
+		if tried[j] {
+			return Resources{}, false
+		}
+		c := s.candidates(j)
+		n := needed(j)
+		if len(c) < n || j.placed+len(c) < j.minMember {
+			return Resources{}, false
+		}
+		return sumRes(c[:n]), true
+	}
+}
+
+// reclaim lets jobs of queues below their fair share (or within quota) take
+// resources back from other queues, under DESIGN.md's lowest-common-ancestor
+// rules.
+func (s *session) reclaim() {
+	tried := map[*jobState]bool{}
+	need := s.pendingNeed(tried)
+	s.runOrdered(func(*jobState) bool { return true }, need, func(j *jobState) bool {
+		tried[j] = true
+		req, _ := need(j)
+		if s.gates(j, req, true) != "" {
+			return false
+		}
+		R := j.queue
+		contested := contestedResources(req)
+		// R itself must end within its fair share or its quota.
+		if !fitsShare(R, req, contested) && !fitsQuota(R, req, contested) {
+			c := s.candidates(j)
+			for _, p := range c {
+				if p.reason != "" && !strings.Contains(p.reason, "cannot reclaim") {
+					p.reason += fmt.Sprintf("; cannot reclaim: queue %s would exceed its fair share of %s", R.name, formatAmount(contested[0], R.fairShare[contested[0]]))
+				}
+			}
+			return false
+		}
+		remaining := req
+		pol := &evictPolicy{
+			action:    ActionReclaim,
+			wholeGang: true,
+			eligible: func(v *podState) bool {
+				return v.job.preemptible && v.job.queue != R
+			},
+			rules: func(unit []*podState) bool {
+				return s.reclaimAllowed(R, remaining, unit, contested)
+			},
+			reason: func(v *podState) string {
+				return fmt.Sprintf("reclaimed by queue %s for job %s", R.name, j.name)
+			},
+		}
+		// remaining shrinks as the job's pods are placed: R's allocation
+		// already holds those.
+		c := s.candidates(j)[:needed(j)]
+		cp := s.checkpoint()
+		for _, p := range c {
+			if !s.placeEvicting(p, pol) {
+				s.rollback(cp)
+				return false
+			}
+			addRes(&remaining, p.res, -1)
+		}
+		return false
+	})
+}
+
+func contestedResources(req Resources) []Resource {
+	// GPUs are what teams contend for; CPU and memory follow them. A job
+	// without GPUs contends for what it asks.
+	if req[ResGPU] > 0 {
+		return []Resource{ResGPU}
+	}
+	var out []Resource
+	for r := Resource(0); r < NumResources; r++ {
+		if req[r] > 0 {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func fitsShare(q *queueState, add Resources, rs []Resource) bool {
+	for _, r := range rs {
+		if q.allocated[r]+add[r] > q.fairShare[r] {
+			return false
+		}
+	}
+	return true
+}
+
+func fitsQuota(q *queueState, add Resources, rs []Resource) bool {
+	for _, r := range rs {
+		if q.quota[r] != Unlimited && q.allocated[r]+add[r] > q.quota[r] {
+			return false
+		}
+	}
+	return true
+}
+
+// reclaimAllowed applies DESIGN.md's rule to evicting unit (one queue V)
+// for queue R whose job still needs rem: with A the lowest common ancestor
+// and R', V' A's children towards R and V, after the plan either R and R'
+// are within their fair shares and V' at or above its own, or R and R' are
+// within their quotas and V' at or above its quota.
+func (s *session) reclaimAllowed(R *queueState, rem Resources, unit []*podState, rs []Resource) bool {
+	V := unit[0].job.queue
+	if V == R {
+		return false
+	}
+	Rp, Vp := R, V
+	for Rp.depth > Vp.depth {
+		Rp = Rp.parent
+	}
+	for Vp.depth > Rp.depth {
+		Vp = Vp.parent
+	}
+	for Rp.parent != Vp.parent {
+		Rp, Vp = Rp.parent, Vp.parent
+	}
+	freed := sumRes(unit)
+	shareOK := fitsShare(R, rem, rs) && fitsShare(Rp, rem, rs)
+	quotaOK := fitsQuota(R, rem, rs) && fitsQuota(Rp, rem, rs)
+	for _, r := range rs {
+		after := Vp.allocated[r] - freed[r]
+		shareOK = shareOK && after >= Vp.fairShare[r]
+		quotaOK = quotaOK && Vp.quota[r] != Unlimited && after >= Vp.quota[r]
+	}
+	return shareOK || quotaOK
+}
+
+// preempt lets a job evict lower-priority preemptible pods of its own leaf
+// queue.
+func (s *session) preempt() {
+	tried := map[*jobState]bool{}
+	need := s.pendingNeed(tried)
+	s.runOrdered(func(*jobState) bool { return true }, need, func(j *jobState) bool {
+		tried[j] = true
+		req, _ := need(j)
+		if s.gates(j, req, false) != "" {
+			return false
+		}
+		pol := &evictPolicy{
+			action:    ActionPreempt,
+			wholeGang: true,
+			eligible: func(v *podState) bool {
+				return v.job.queue == j.queue && v.job.preemptible && v.job.priority < j.priority
+			},
+			reason: func(v *podState) string {
+				return fmt.Sprintf("preempted by job %s (priority %d) in queue %s", j.name, j.priority, j.queue.name)
+			},
+		}
+		s.placeJobEvicting(j, pol, func(int) bool {
+			// Evictions in the same queue may bring it back under its limits.
+			return s.gates(j, Resources{}, true) == "" && withinLimits(s, j.queue, req)
+		})
+		return false
+	})
+}
+
+func withinLimits(s *session, q *queueState, req Resources) bool {
+	for ; q != s.root; q = q.parent {
+		for r := range req {
+			if req[r] > 0 && q.limit[r] != Unlimited && q.allocated[r] > q.limit[r] {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// consolidate moves running preemptible pods to make room for a pending job
+// that fits in the cluster's free capacity but on no node, only when every
+// moved pod is re-placed in the same plan.
+func (s *session) consolidate() {
+	tried := map[*jobState]bool{}
+	need := s.pendingNeed(tried)
+	s.runOrdered(func(j *jobState) bool { return !j.gated }, need, func(j *jobState) bool {
+		tried[j] = true
+		req, _ := need(j)
+		if s.gates(j, req, true) != "" || !s.fitsFree(req) {
+			return false
+		}
+		pol := &evictPolicy{
+			action: ActionConsolidate,
+			eligible: func(v *podState) bool {
+				return v.job.preemptible && v.job != j
+			},
+			reason: func(v *podState) string {
+				return fmt.Sprintf("moved to make room for job %s", j.name)
+			},
+		}
+		s.placeJobEvicting(j, pol, func(cp int) bool {
+			// Re-place every pod this plan moved, biggest first.
+			var moved []*podState
+			for _, o := range s.log[cp:] {
+				if !o.attach {
+					moved = append(moved, o.pod)
+				}
+			}
+			slices.SortStableFunc(moved, func(a, b *podState) int {
+				if a.res[ResGPU] != b.res[ResGPU] {
+					if a.res[ResGPU] > b.res[ResGPU] {
+						return -1
+					}
+					return 1
+				}
+				return strings.Compare(a.name, b.name)
+			})
+			for _, v := range moved {
+				pl := s.bestNode(v)
+				if pl == nil {
+					return false
+				}
+				s.attach(v, pl, ActionConsolidate, fmt.Sprintf("moved to make room for job %s", j.name))
+			}
+			return true
+		})
+		return false
+	})
+}
+
+// fitsFree says whether req fits the cluster's total free capacity.
+func (s *session) fitsFree(req Resources) bool {
+	var free Resources
+	for _, n := range s.nodes {
+		if n.unschedulable {
+			continue
+		}
+		free[ResGPU] += n.freeMilli
+		free[ResCPU] += n.cpu - n.usedCPU
+		free[ResMemory] += n.mem - n.usedMem
+	}
+	for r := range req {
+		if req[r] > free[r] {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,321 @@
+package core
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// plan is a placement of one pod on one node.
+type plan struct {
+	node    *nodeState
+	gpus    []int // positions in node.gpus, ascending
+	milli   []int64
+	mem     []int64
+	sharing Sharing
+	// brokeWhole is set when a fraction starts a GPU nobody used.
+	brokeWhole bool
+}
+
+// scorer rates a feasible plan; higher is better. It is the seam where a
+// fragmentation-aware scorer (controller/packing) can replace the default.
+type scorer interface {
+	score(p *podState, pl *plan) int64
+}
+
+// binPackScorer fills the fullest node first, so whole nodes stay free for
+// big gangs, and avoids breaking a free GPU for a fraction when a partly
+// used one on the same node would do.
+type binPackScorer struct{}
+
+func (binPackScorer) score(p *podState, pl *plan) int64 {
+	return -freeAfter(pl)
+}
+
+// spreadScorer places on the emptiest node first.
+type spreadScorer struct{}
+
+func (spreadScorer) score(p *podState, pl *plan) int64 {
+	return freeAfter(pl) - 2*fragPenalty(pl)
+}
+
+// freeAfter is the node's free milli-GPU after the plan, plus a penalty for
+// turning a free GPU into a fractional one (fragmentation), so that both
+// policies prefer partly used GPUs for fractions within a node.
+func freeAfter(pl *plan) int64 {
+	f := pl.node.freeMilli + fragPenalty(pl)
+	for _, m := range pl.milli {
+		f -= m
+	}
+	return f
+}
+
+func fragPenalty(pl *plan) int64 {
+	if pl.brokeWhole {
+		return 500
+	}
+	return 0
+}
+
+// failKind says why a pod does not fit a node, most fundamental first.
+type failKind int
+
+const (
+	fitOK failKind = iota
+	failUnschedulable
+	failSelector
+	failModel
+	failGPUCount
+	failNVLink
+	failFraction
+	failCPU
+	failMemory
+)
+
+// staticFit checks what does not depend on usage.
+func staticFit(p *podState, n *nodeState) failKind {
+	if n.unschedulable {
+		return failUnschedulable
+	}
+	for k, v := range p.selector {
+		if lv, ok := n.labels[k]; !ok || lv != v {
+			return failSelector
+		}
+	}
+	if len(p.models) > 0 && (p.req.GPUs > 0 || p.req.IsFraction()) {
+		ok := false
+		for i := range n.gpus {
+			if slices.Contains(p.models, n.gpus[i].model) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return failModel
+		}
+	}
+	return fitOK
+}
+
+func modelOK(p *podState, g *gpuState) bool {
+	return len(p.models) == 0 || slices.Contains(p.models, g.model)
+}
+
+// fitOnNode finds the best GPUs for p on n given live usage. nvBest reports,
+// for NVLink failures, the largest set of free connected GPUs found.
+func fitOnNode(p *podState, n *nodeState) (pl *plan, why failKind, nvBest int) {
+	if k := staticFit(p, n); k != fitOK {
+		return nil, k, 0
+	}
+	r := &p.req
+	if n.usedCPU+r.CPU > n.cpu {
+		return nil, failCPU, 0
+	}
+	if n.usedMem+r.Memory > n.mem {
+		return nil, failMemory, 0
+	}
+	switch {
+	case r.GPUs > 0:
+		if n.freeWhole < r.GPUs {
+			return nil, failGPUCount, 0
+		}
+		return wholeFit(p, n)
+	case r.IsFraction():
+		return fractionFit(p, n)
+	}
+	return &plan{node: n}, fitOK, 0
+}
+
+// wholeFit picks k free GPUs, keeping NVLink domains whole: the smallest
+// domain that holds all k, else (when only preferred) the largest domains
+// first so the pod spans as few as possible.
+func wholeFit(p *podState, n *nodeState) (*plan, failKind, int) {
+	k := p.req.GPUs
+	type dom struct {
+		name string
+		free []int
+	}
+	var doms []dom
+	total := 0
+	for i := range n.gpus {
+		g := &n.gpus[i]
+		if g.pods != 0 || !modelOK(p, g) {
+			continue
+		}
+		total++
+		j := slices.IndexFunc(doms, func(d dom) bool { return d.name == g.domain })
+		if j < 0 {
+			doms = append(doms, dom{name: g.domain})
+			j = len(doms) - 1
+		}
+		doms[j].free = append(doms[j].free, i)
+	}
+	if total < k {
+		return nil, failGPUCount, 0
+	}
+	best, largest := -1, 0
+	for i, d := range doms {
+		largest = max(largest, len(d.free))
+		if len(d.free) >= k && (best < 0 || len(d.free) < len(doms[best].free)) {
+			best = i
+		}
+	}
+	pl := &plan{node: n}
+	switch {
+	case best >= 0:
+		pl.gpus = slices.Clone(doms[best].free[:k])
+	case k > 1 && p.req.NVLink == NVLinkRequired:
+		return nil, failNVLink, largest
+	default:
+		slices.SortStableFunc(doms, func(a, b dom) int { return len(b.free) - len(a.free) })
+		for _, d := range doms {
+			for _, g := range d.free {
+				if len(pl.gpus) < k {
+					pl.gpus = append(pl.gpus, g)
+				}
+			}
+		}
+		slices.Sort(pl.gpus)
+	}
+	for _, gi := range pl.gpus {
+		pl.milli = append(pl.milli, 1000)
+		pl.mem = append(pl.mem, n.gpus[gi].memory)
+	}
+	return pl, fitOK, 0
+}
+
+// fractionFit packs a fraction onto the partly used GPU of the same mode
+// that it fills most tightly; else onto a free GPU of the smallest NVLink
+// domain (big domains stay whole for multi-GPU pods).
+func fractionFit(p *podState, n *nodeState) (*plan, failKind, int) {
+	r := &p.req
+	bestShared, bestFree := -1, -1
+	var bestLeft int64
+	domFree := func(d string) int {
+		c := 0
+		for i := range n.gpus {
+			if n.gpus[i].domain == d && n.gpus[i].pods == 0 {
+				c++
+			}
+		}
+		return c
+	}
+	bestFreeDom := 0
+	for i := range n.gpus {
+		g := &n.gpus[i]
+		if !modelOK(p, g) {
+			continue
+		}
+		milli, mem := fractionOn(r, g)
+		if mem > g.memory {
+			continue
+		}
+		if g.pods == 0 {
+			if bestFree < 0 {
+				bestFree, bestFreeDom = i, domFree(g.domain)
+			} else if d := domFree(g.domain); d < bestFreeDom {
+				bestFree, bestFreeDom = i, d
+			}
+			continue
+		}
+		if g.sharing != r.Sharing || g.usedMilli+milli > 1000 || g.usedMem+mem > g.memory {
+			continue
+		}
+		left := 1000 - g.usedMilli - milli
+		if bestShared < 0 || left < bestLeft {
+			bestShared, bestLeft = i, left
+		}
+	}
+	pick, broke := bestShared, false
+	if pick < 0 {
+		pick, broke = bestFree, true
+	}
+	if pick < 0 {
+		return nil, failFraction, 0
+	}
+	milli, mem := fractionOn(r, &n.gpus[pick])
+	return &plan{node: n, gpus: []int{pick}, milli: []int64{milli}, mem: []int64{mem}, sharing: r.Sharing, brokeWhole: broke}, fitOK, 0
+}
+
+// fractionOn is what a fractional request takes of GPU g.
+func fractionOn(r *Request, g *gpuState) (milli, mem int64) {
+	if r.GPUMilli > 0 {
+		return r.GPUMilli, mulDiv(r.GPUMilli, g.memory, 1000)
+	}
+	return memMilli(r.GPUMemory, g.memory), r.GPUMemory
+}
+
+// bestNode returns the best plan for p over all nodes, or nil.
+func (s *session) bestNode(p *podState) *plan {
+	var best *plan
+	var bestScore int64
+	for _, n := range s.nodes {
+		if p.req.GPUs > 0 && n.freeWhole < p.req.GPUs {
+			continue // the common rejection, before any work
+		}
+		pl, why, _ := fitOnNode(p, n)
+		if why != fitOK {
+			continue
+		}
+		sc := s.scorer.score(p, pl)
+		if best == nil || sc > bestScore {
+			best, bestScore = pl, sc
+		}
+	}
+	return best
+}
+
+// whyNot explains in a person's words why p fits no node right now.
+func (s *session) whyNot(p *podState) string {
+	counts := map[failKind]int{}
+	nvBest, maxWhole := 0, 0
+	var maxFreeCPU, maxFreeMem int64
+	for _, n := range s.nodes {
+		_, why, nv := fitOnNode(p, n)
+		counts[why]++
+		if why == fitOK {
+			return "fits a node now" // not reached by callers
+		}
+		if why >= failGPUCount {
+			nvBest = max(nvBest, nv)
+			free := 0
+			for i := range n.gpus {
+				if n.gpus[i].pods == 0 && modelOK(p, &n.gpus[i]) {
+					free++
+				}
+			}
+			maxWhole = max(maxWhole, free)
+			maxFreeCPU = max(maxFreeCPU, n.cpu-n.usedCPU)
+			maxFreeMem = max(maxFreeMem, n.mem-n.usedMem)
+		}
+	}
+	r := &p.req
+	switch {
+	case len(s.nodes) == 0:
+		return "the cluster has no nodes"
+	case counts[failUnschedulable]+counts[failSelector]+counts[failModel] == len(s.nodes):
+		if counts[failModel] > 0 {
+			return fmt.Sprintf("no schedulable node has a GPU of model %s", strings.Join(p.models, " or "))
+		}
+		if counts[failSelector] > 0 {
+			return "no schedulable node matches its node selector"
+		}
+		return "every node is unschedulable"
+	case counts[failNVLink] > 0 && counts[failGPUCount] == 0 && counts[failFraction] == 0:
+		return fmt.Sprintf("needs %d NVLink-connected GPUs; the best node has %d", r.GPUs, nvBest)
+	case counts[failNVLink] > 0:
+		return fmt.Sprintf("needs %d NVLink-connected GPUs; the best node has %d", r.GPUs, nvBest)
+	case counts[failGPUCount] > 0:
+		return fmt.Sprintf("needs %d free GPUs on one node; the most free on any node is %d", r.GPUs, maxWhole)
+	case counts[failFraction] > 0:
+		what := fmt.Sprintf("%s of a GPU", formatMilli(r.GPUMilli))
+		if r.GPUMemory > 0 {
+			what = formatBytes(r.GPUMemory) + " of GPU memory"
+		}
+		return fmt.Sprintf("needs %s (%s); no GPU has that much free without mixing sharing modes", what, r.Sharing)
+	case counts[failCPU] > 0:
+		return fmt.Sprintf("needs %s; the most free on any node is %s", formatAmount(ResCPU, r.CPU), formatAmount(ResCPU, maxFreeCPU))
+	default:
+		return fmt.Sprintf("needs %s; the most free on any node is %s", formatAmount(ResMemory, r.Memory), formatAmount(ResMemory, maxFreeMem))
+	}
+}

@@ -1,0 +1,519 @@
+package core
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// gpuState is one GPU's live usage inside a cycle.
+type gpuState struct {
+	index     int
+	memory    int64
+	model     string
+	domain    string
+	usedMilli int64
+	usedMem   int64
+	pods      int
+	// sharing is the mode of the fractions on it; "" when free or exclusive.
+	sharing Sharing
+}
+
+type nodeState struct {
+	idx           int
+	name          string
+	labels        map[string]string
+	unschedulable bool
+	cpu, mem      int64
+	usedCPU       int64
+	usedMem       int64
+	gpus          []gpuState
+	freeWhole     int   // GPUs with no pod at all
+	freeMilli     int64 // Σ (1000 - usedMilli)
+	// pods placed here at the cycle's start, in victim order.
+	victims []*podState
+	// seen marks the node as evaluated in the current victim search.
+	seen int
+	// evicted is set when a committed decision evicted a pod from here.
+	evicted bool
+}
+
+type podState struct {
+	name     string
+	job      *jobState
+	req      Request
+	selector map[string]string
+	models   []string
+	phase    PodPhase
+	// res is what the pod counts for its queue; res[ResGPU] is an estimate
+	// while pending and exact once placed.
+	res Resources
+	// Live placement; node is nil when not placed.
+	node      *nodeState
+	gpus      []int // positions in node.gpus
+	gpuMilli  []int64
+	gpuMem    []int64
+	sharing   Sharing
+	origNode  *nodeState
+	origGPUs  []int
+	origRes   Resources
+	atOrig    bool // placed at its original placement
+	rank      int  // position in the global victim order; -1 if none
+	reason    string
+	shape     string
+	preferred bool // pending candidate this cycle
+}
+
+type jobState struct {
+	name        string
+	queue       *queueState
+	priority    int32
+	preemptible bool
+	minMember   int
+	created     time.Time
+	belowSince  time.Time
+	pods        []*podState
+	placed      int
+	// gated is set when allocate left the job pending for a policy reason
+	// (limit, quota) that evictions cannot change for consolidation.
+	gated bool
+}
+
+type queueState struct {
+	name      string
+	parent    *queueState
+	children  []*queueState
+	depth     int
+	priority  int32
+	quota     Resources
+	limit     Resources
+	weight    Resources
+	allocated Resources // live
+	allocNP   Resources // live, non-preemptible jobs only
+	pending   Resources // at the cycle's start
+	demand    Resources
+	fairShare Resources
+	jobs      []*jobState
+}
+
+// op is one reversible change of the transaction log.
+type op struct {
+	attach bool
+	pod    *podState
+	// where the pod was attached (attach) or detached from (detach)
+	node     *nodeState
+	gpus     []int
+	gpuMilli []int64
+	gpuMem   []int64
+	sharing  Sharing
+	res      Resources
+	action   Action
+	reason   string
+}
+
+// session is the state of one cycle: live usage plus a log of operations
+// that can be rolled back to any checkpoint (the transaction).
+type session struct {
+	cfg       Config
+	now       time.Time
+	nodes     []*nodeState
+	nodeByN   map[string]*nodeState
+	root      *queueState
+	queues    []*queueState // sorted by name
+	queueByN  map[string]*queueState
+	jobs      []*jobState // sorted by name
+	pods      []*podState
+	capacity  Resources
+	maxGPUMem int64
+	victims   []*podState // global victim order
+	log       []op
+	seenGen   int
+	scorer    scorer
+	// failCache remembers single-pod shapes that fit nowhere, keyed by
+	// shape, valued by the freeEpoch at the time: capacity only shrinks
+	// until something is freed, so the answer holds until then.
+	failCache map[string]failEntry
+	freeEpoch int
+}
+
+type failEntry struct {
+	epoch  int
+	reason string
+}
+
+func (s *session) checkpoint() int { return len(s.log) }
+
+// rollback undoes every operation after checkpoint cp, newest first.
+func (s *session) rollback(cp int) {
+	for i := len(s.log) - 1; i >= cp; i-- {
+		o := &s.log[i]
+		if o.attach {
+			s.unplace(o.pod)
+		} else {
+			s.place(o.pod, o.node, o.gpus, o.gpuMilli, o.gpuMem, o.sharing, o.res)
+		}
+	}
+	s.log = s.log[:cp]
+}
+
+// attach places a pod and logs it.
+func (s *session) attach(p *podState, pl *plan, a Action, reason string) {
+	res := p.res
+	res[ResGPU] = 0
+	for _, m := range pl.milli {
+		res[ResGPU] += m
+	}
+	s.place(p, pl.node, pl.gpus, pl.milli, pl.mem, pl.sharing, res)
+	s.log = append(s.log, op{attach: true, pod: p, node: pl.node, gpus: pl.gpus, gpuMilli: pl.milli, gpuMem: pl.mem, sharing: pl.sharing, res: res, action: a, reason: reason})
+}
+
+// detach evicts a placed pod and logs it.
+func (s *session) detach(p *podState, a Action, reason string) {
+	o := op{pod: p, node: p.node, gpus: p.gpus, gpuMilli: p.gpuMilli, gpuMem: p.gpuMem, sharing: p.sharing, res: p.res, action: a, reason: reason}
+	s.unplace(p)
+	s.log = append(s.log, o)
+}
+
+func (s *session) place(p *podState, n *nodeState, gpus []int, milli, mem []int64, sh Sharing, res Resources) {
+	p.node, p.gpus, p.gpuMilli, p.gpuMem, p.sharing, p.res = n, gpus, milli, mem, sh, res
+	p.atOrig = n == p.origNode && slices.Equal(gpus, p.origGPUs)
+	n.usedCPU += p.req.CPU
+	n.usedMem += p.req.Memory
+	for i, gi := range gpus {
+		g := &n.gpus[gi]
+		if g.pods == 0 {
+			n.freeWhole--
+		}
+		g.pods++
+		g.usedMilli += milli[i]
+		g.usedMem += mem[i]
+		g.sharing = sh
+		n.freeMilli -= milli[i]
+	}
+	j := p.job
+	j.placed++
+	for q := j.queue; q != nil; q = q.parent {
+		addRes(&q.allocated, res, 1)
+		if !j.preemptible {
+			addRes(&q.allocNP, res, 1)
+		}
+	}
+}
+
+func (s *session) unplace(p *podState) {
+	n := p.node
+	n.usedCPU -= p.req.CPU
+	n.usedMem -= p.req.Memory
+	for i, gi := range p.gpus {
+		g := &n.gpus[gi]
+		g.pods--
+		g.usedMilli -= p.gpuMilli[i]
+		g.usedMem -= p.gpuMem[i]
+		n.freeMilli += p.gpuMilli[i]
+		if g.pods == 0 {
+			n.freeWhole++
+			g.sharing = ""
+			g.usedMilli, g.usedMem = 0, 0
+		}
+	}
+	j := p.job
+	j.placed--
+	for q := j.queue; q != nil; q = q.parent {
+		addRes(&q.allocated, p.res, -1)
+		if !j.preemptible {
+			addRes(&q.allocNP, p.res, -1)
+		}
+	}
+	p.node, p.gpus, p.gpuMilli, p.gpuMem, p.sharing = nil, nil, nil, nil, ""
+	p.atOrig = false
+	s.freeEpoch++
+}
+
+func addRes(dst *Resources, r Resources, sign int64) {
+	for i := range dst {
+		dst[i] += sign * r[i]
+	}
+}
+
+// newSession validates the snapshot and builds the cycle's state.
+func newSession(snap *Snapshot, cfg Config) (*session, error) {
+	s := &session{cfg: cfg, now: snap.Now, nodeByN: map[string]*nodeState{}, queueByN: map[string]*queueState{}, failCache: map[string]failEntry{}}
+	if s.cfg.StaleGangTimeout == 0 {
+		s.cfg.StaleGangTimeout = DefaultStaleGangTimeout
+	}
+	switch cfg.Placement {
+	case Spread:
+		s.scorer = spreadScorer{}
+	case "", BinPack:
+		s.scorer = binPackScorer{}
+	default:
+		return nil, fmt.Errorf("config: unknown placement policy %q (binpack or spread)", cfg.Placement)
+	}
+
+	// Nodes, sorted by name so that every tie breaks the same way.
+	nodes := slices.Clone(snap.Nodes)
+	slices.SortFunc(nodes, func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
+	for i := range nodes {
+		n := &nodes[i]
+		if _, dup := s.nodeByN[n.Name]; dup {
+			return nil, fmt.Errorf("node %q: listed twice", n.Name)
+		}
+		ns := &nodeState{idx: i, name: n.Name, labels: n.Labels, unschedulable: n.Unschedulable, cpu: n.CPU, mem: n.Memory}
+		gpus := slices.Clone(n.GPUs)
+		slices.SortFunc(gpus, func(a, b GPU) int { return a.Index - b.Index })
+		for k, g := range gpus {
+			if k > 0 && gpus[k-1].Index == g.Index {
+				return nil, fmt.Errorf("node %q: GPU index %d listed twice", n.Name, g.Index)
+			}
+			if g.Memory <= 0 {
+				return nil, fmt.Errorf("node %q: GPU %d: memory must be positive", n.Name, g.Index)
+			}
+			dom := g.NVLinkDomain
+			if dom == "" {
+				// No NVLink: a domain of its own; the NUL keeps it apart from real names.
+				dom = fmt.Sprintf("\x00%d", g.Index)
+			}
+			ns.gpus = append(ns.gpus, gpuState{index: g.Index, memory: g.Memory, model: g.Model, domain: dom})
+			s.maxGPUMem = max(s.maxGPUMem, g.Memory)
+		}
+		ns.freeWhole = len(ns.gpus)
+		ns.freeMilli = int64(len(ns.gpus)) * 1000
+		s.capacity[ResGPU] += ns.freeMilli
+		s.capacity[ResCPU] += n.CPU
+		s.capacity[ResMemory] += n.Memory
+		s.nodes = append(s.nodes, ns)
+		s.nodeByN[n.Name] = ns
+	}
+
+	// Queues: a tree under a virtual root.
+	s.root = &queueState{name: "", depth: 0}
+	queues := slices.Clone(snap.Queues)
+	if len(queues) == 0 {
+		queues = []Queue{NewQueue("default", "")}
+	}
+	slices.SortFunc(queues, func(a, b Queue) int { return strings.Compare(a.Name, b.Name) })
+	for _, q := range queues {
+		if q.Name == "" {
+			return nil, fmt.Errorf("queue: empty name")
+		}
+		if _, dup := s.queueByN[q.Name]; dup {
+			return nil, fmt.Errorf("queue %q: listed twice", q.Name)
+		}
+		qs := &queueState{name: q.Name, priority: q.Priority}
+		for r, qr := range q.Resources {
+			if qr.Quota < Unlimited || qr.Limit < Unlimited || qr.OverQuotaWeight < 0 {
+				return nil, fmt.Errorf("queue %q: %s: quota and limit must be ≥ -1 and weight ≥ 0", q.Name, Resource(r))
+			}
+			qs.quota[r], qs.limit[r], qs.weight[r] = qr.Quota, qr.Limit, qr.OverQuotaWeight
+		}
+		s.queues = append(s.queues, qs)
+		s.queueByN[q.Name] = qs
+	}
+	for i, q := range queues {
+		qs := s.queues[i]
+		if q.Parent == "" {
+			qs.parent = s.root
+		} else if p, ok := s.queueByN[q.Parent]; ok {
+			qs.parent = p
+		} else {
+			return nil, fmt.Errorf("queue %q: unknown parent %q", q.Name, q.Parent)
+		}
+		qs.parent.children = append(qs.parent.children, qs)
+	}
+	// Depths, and a cycle check: every queue must reach the root.
+	for _, q := range s.queues {
+		d := 0
+		for a := q; a != s.root; a = a.parent {
+			d++
+			if d > len(s.queues) {
+				return nil, fmt.Errorf("queue %q: parent chain loops", q.name)
+			}
+		}
+		q.depth = d
+	}
+
+	// Jobs and pods.
+	jobs := slices.Clone(snap.Jobs)
+	slices.SortFunc(jobs, func(a, b Job) int { return strings.Compare(a.Name, b.Name) })
+	podNames := map[string]bool{}
+	for ji := range jobs {
+		j := &jobs[ji]
+		if ji > 0 && jobs[ji-1].Name == j.Name {
+			return nil, fmt.Errorf("job %q: listed twice", j.Name)
+		}
+		q, ok := s.queueByN[j.Queue]
+		if !ok {
+			return nil, fmt.Errorf("job %q: unknown queue %q", j.Name, j.Queue)
+		}
+		if len(q.children) > 0 {
+			return nil, fmt.Errorf("job %q: queue %q is a parent queue; jobs belong in leaf queues", j.Name, j.Queue)
+		}
+		js := &jobState{name: j.Name, queue: q, priority: j.Priority, preemptible: j.Preemptible, minMember: j.MinMember, created: j.CreatedAt, belowSince: j.BelowMinMemberSince}
+		if js.minMember <= 0 || js.minMember > len(j.Pods) {
+			js.minMember = max(len(j.Pods), 1)
+		}
+		q.jobs = append(q.jobs, js)
+		s.jobs = append(s.jobs, js)
+		for pi := range j.Pods {
+			p := &j.Pods[pi]
+			if podNames[p.Name] || p.Name == "" {
+				return nil, fmt.Errorf("job %q: pod %q: empty or duplicate name", j.Name, p.Name)
+			}
+			podNames[p.Name] = true
+			ps, err := s.newPod(js, p)
+			if err != nil {
+				return nil, fmt.Errorf("job %q: pod %q: %w", j.Name, p.Name, err)
+			}
+			js.pods = append(js.pods, ps)
+			s.pods = append(s.pods, ps)
+		}
+	}
+	return s, nil
+}
+
+func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
+	r := p.Request
+	n := 0
+	if r.GPUs > 0 {
+		n++
+	}
+	if r.GPUMilli > 0 {
+		n++
+	}
+	if r.GPUMemory > 0 {
+		n++
+	}
+	if n > 1 || r.GPUs < 0 || r.GPUMilli < 0 || r.GPUMemory < 0 || r.CPU < 0 || r.Memory < 0 {
+		return nil, fmt.Errorf("request: set one of GPUs, GPUMilli, GPUMemory, none negative")
+	}
+	if r.GPUMilli >= 1000 {
+		return nil, fmt.Errorf("request: GPUMilli %d must be below 1000 (use GPUs for whole GPUs)", r.GPUMilli)
+	}
+	if r.IsFraction() {
+		if r.Sharing == "" {
+			r.Sharing = SharingMPS
+		}
+		if r.Sharing != SharingMPS && r.Sharing != SharingTimeSlice {
+			return nil, fmt.Errorf("request: unknown sharing mode %q (mps or timeslice)", r.Sharing)
+		}
+	} else {
+		r.Sharing = ""
+	}
+	if r.NVLink == "" {
+		r.NVLink = NVLinkPreferred
+	}
+	ps := &podState{name: p.Name, job: j, req: r, selector: p.NodeSelector, models: p.GPUModels, phase: p.Phase, rank: -1}
+	ps.res[ResCPU], ps.res[ResMemory] = r.CPU, r.Memory
+	switch {
+	case r.GPUs > 0:
+		ps.res[ResGPU] = int64(r.GPUs) * 1000
+	case r.GPUMilli > 0:
+		ps.res[ResGPU] = r.GPUMilli
+	case r.GPUMemory > 0:
+		// While pending, a memory fraction counts as its share of the
+		// largest GPU: the least it can be.
+		ps.res[ResGPU] = 1
+		if s.maxGPUMem > 0 {
+			ps.res[ResGPU] = memMilli(r.GPUMemory, s.maxGPUMem)
+		}
+	}
+	ps.shape = shapeKey(ps)
+	switch p.Phase {
+	case PodPending, "":
+		ps.phase = PodPending
+		j.queue.pending[ResGPU] += ps.res[ResGPU]
+		j.queue.pending[ResCPU] += r.CPU
+		j.queue.pending[ResMemory] += r.Memory
+	case PodBound, PodRunning, PodReleasing:
+		pl, err := s.resolvePlacement(ps, &p.Placement)
+		if err != nil {
+			return nil, err
+		}
+		res := ps.res
+		res[ResGPU] = 0
+		for _, m := range pl.milli {
+			res[ResGPU] += m
+		}
+		s.place(ps, pl.node, pl.gpus, pl.milli, pl.mem, pl.sharing, res)
+		ps.origNode, ps.origGPUs, ps.origRes, ps.atOrig = pl.node, pl.gpus, res, true
+		if p.Phase == PodReleasing {
+			// Terminating: it holds the node's capacity but not its job's
+			// or queue's.
+			j.placed--
+			for q := j.queue; q != nil; q = q.parent {
+				addRes(&q.allocated, res, -1)
+				if !j.preemptible {
+					addRes(&q.allocNP, res, -1)
+				}
+			}
+			ps.atOrig = false
+		}
+	default:
+		return nil, fmt.Errorf("unknown phase %q", p.Phase)
+	}
+	return ps, nil
+}
+
+// memMilli is the milli-GPU a memory fraction takes of a GPU of gpuMem bytes.
+func memMilli(mem, gpuMem int64) int64 {
+	if mem >= gpuMem {
+		return 1000
+	}
+	// mem < gpuMem, so mem*1000 cannot overflow for any real GPU.
+	return max(1, ceilDiv(mem*1000, gpuMem))
+}
+
+// resolvePlacement turns a snapshot placement into live positions and
+// per-GPU amounts, deriving what the snapshot left out.
+func (s *session) resolvePlacement(p *podState, in *Placement) (*plan, error) {
+	n, ok := s.nodeByN[in.Node]
+	if !ok {
+		return nil, fmt.Errorf("placed on unknown node %q", in.Node)
+	}
+	pl := &plan{node: n, sharing: p.req.Sharing}
+	if in.Sharing != "" {
+		pl.sharing = in.Sharing
+	}
+	for i, idx := range in.GPUs {
+		pos := slices.IndexFunc(n.gpus, func(g gpuState) bool { return g.index == idx })
+		if pos < 0 {
+			return nil, fmt.Errorf("placed on GPU %d, which node %q does not have", idx, n.name)
+		}
+		g := &n.gpus[pos]
+		milli, mem := int64(1000), g.memory
+		switch {
+		case i < len(in.GPUMilli) && i < len(in.GPUMemory):
+			milli, mem = in.GPUMilli[i], in.GPUMemory[i]
+		case p.req.GPUMilli > 0:
+			milli, mem = p.req.GPUMilli, mulDiv(p.req.GPUMilli, g.memory, 1000)
+		case p.req.GPUMemory > 0:
+			milli, mem = memMilli(p.req.GPUMemory, g.memory), p.req.GPUMemory
+		}
+		pl.gpus = append(pl.gpus, pos)
+		pl.milli = append(pl.milli, milli)
+		pl.mem = append(pl.mem, mem)
+	}
+	if !p.req.IsFraction() {
+		pl.sharing = ""
+	}
+	slices.Sort(pl.gpus) // positions follow indices, which are sorted
+	return pl, nil
+}
+
+// shapeKey identifies pods that place identically.
+func shapeKey(p *podState) string {
+	var b strings.Builder
+	r := p.req
+	fmt.Fprintf(&b, "%d/%d/%d/%s/%s/%d/%d|", r.GPUs, r.GPUMilli, r.GPUMemory, r.Sharing, r.NVLink, r.CPU, r.Memory)
+	keys := make([]string, 0, len(p.selector))
+	for k := range p.selector {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		b.WriteString(k + "=" + p.selector[k] + ",")
+	}
+	b.WriteString("|" + strings.Join(p.models, ","))
+	return b.String()
+}

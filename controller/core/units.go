@@ -1,0 +1,76 @@
+package core
+
+import (
+	"fmt"
+	"math/bits"
+	"slices"
+	"strconv"
+)
+
+// mulDiv returns floor(a*b/c) for non-negative a, b and positive c without
+// overflow: memory in bytes times a weight easily exceeds 2^63.
+func mulDiv(a, b, c int64) int64 {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi >= uint64(c) {
+		// The quotient does not fit; callers only pass a ≤ c or b ≤ c.
+		return int64(^uint64(0) >> 1)
+	}
+	q, _ := bits.Div64(hi, lo, uint64(c))
+	return int64(q)
+}
+
+// ceilDiv returns ceil(a/b) for a ≥ 0, b > 0.
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+func min64(a, b int64) int64 {
+	if a < b {
+		return a
+	}
+	return b
+}
+
+// formatMilli writes a milli-unit amount as a decimal ("8", "0.5", "0.125").
+func formatMilli(v int64) string {
+	if v%1000 == 0 {
+		return strconv.FormatInt(v/1000, 10)
+	}
+	s := fmt.Sprintf("%d.%03d", v/1000, v%1000)
+	for s[len(s)-1] == '0' {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// formatBytes writes bytes with the largest binary suffix that divides them.
+func formatBytes(v int64) string {
+	for _, u := range []struct {
+		s string
+		n int64
+	}{{"Ti", 1 << 40}, {"Gi", 1 << 30}, {"Mi", 1 << 20}, {"Ki", 1 << 10}} {
+		if v != 0 && v%u.n == 0 {
+			return strconv.FormatInt(v/u.n, 10) + u.s
+		}
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+// formatAmount writes an amount of a resource the way a person reads it:
+// "8 GPUs", "0.5 GPU", "4 CPU", "64Gi memory".
+func formatAmount(r Resource, v int64) string {
+	switch r {
+	case ResGPU:
+		if v == 1000 || v < 1000 {
+			return formatMilli(v) + " GPU"
+		}
+		return formatMilli(v) + " GPUs"
+	case ResCPU:
+		return formatMilli(v) + " CPU"
+	default:
+		return formatBytes(v) + " memory"
+	}
+}
+
+// FormatGPU writes milli-GPU as GPU units ("8", "0.5") for reports.
+func FormatGPU(milli int64) string { return formatMilli(milli) }
+
+func sortFunc[T any](s []T, c func(a, b T) int) { slices.SortFunc(s, c) }
