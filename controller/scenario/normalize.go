@@ -1,0 +1,651 @@
+package scenario
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+type fieldError struct{ field, why string }
+
+func (e *fieldError) Error() string { return e.field + ": " + e.why }
+
+func ferr(field, format string, args ...any) error {
+	return &fieldError{field: field, why: fmt.Sprintf(format, args...)}
+}
+
+// Defaults from SCENARIOS.md.
+const (
+	defaultCycles    = 3
+	defaultGPUMemory = 80 << 30
+	defaultCPUMilli  = 64 * 1000
+	defaultMemory    = 512 << 30
+	defaultPriority  = 100
+	maxCycles        = 10000
+	maxCount         = 100000
+)
+
+func listElem(list string, name string, i int) string {
+	if name != "" {
+		return fmt.Sprintf("%s[%s]", list, name)
+	}
+	return fmt.Sprintf("%s[%d]", list, i)
+}
+
+// normalize applies the defaults and checks everything the file says.
+func normalize(fs *fileScenario) (*Spec, error) {
+	s := &Spec{Name: fs.Name, Cycles: defaultCycles, Consolidation: true, Placement: "binpack"}
+	if fs.Cycles != nil {
+		if *fs.Cycles < 1 || *fs.Cycles > maxCycles {
+			return nil, ferr("cycles", "%d is out of range (1 to %d)", *fs.Cycles, maxCycles)
+		}
+		s.Cycles = *fs.Cycles
+	}
+	if c := fs.Config; c != nil {
+		if c.Consolidation != nil {
+			s.Consolidation = *c.Consolidation
+		}
+		switch c.Placement {
+		case "":
+		case "binpack", "spread":
+			s.Placement = c.Placement
+		default:
+			return nil, ferr("config.placement", "%q is not one of binpack, spread", c.Placement)
+		}
+	}
+	nodes, err := normalizeNodes(fs.Nodes)
+	if err != nil {
+		return nil, err
+	}
+	s.Nodes = nodes
+	if s.Queues, err = normalizeQueues(fs.Queues); err != nil {
+		return nil, err
+	}
+	if s.Jobs, err = normalizeJobs(fs.Jobs, s.Queues, s.Nodes); err != nil {
+		return nil, err
+	}
+	if err := assignRunning(s); err != nil {
+		return nil, err
+	}
+	if s.Expect, err = normalizeExpect(fs.Expect, s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func normalizeNodes(in []fileNode) ([]Node, error) {
+	if len(in) == 0 {
+		return nil, ferr("nodes", "at least one node is needed")
+	}
+	var out []Node
+	where := map[string]string{}
+	for i, fn := range in {
+		p := listElem("nodes", fn.Name, i)
+		if fn.Name == "" {
+			return nil, ferr(p+".name", "required")
+		}
+		n := Node{GPUMemory: defaultGPUMemory, GPUModel: fn.GPUModel, NVLink: "all", CPUMilli: defaultCPUMilli, Memory: defaultMemory, Labels: fn.Labels}
+		if fn.GPUs == nil {
+			return nil, ferr(p+".gpus", "required (0 for a node without GPUs)")
+		}
+		if *fn.GPUs < 0 || *fn.GPUs > 1024 {
+			return nil, ferr(p+".gpus", "%d is out of range (0 to 1024)", *fn.GPUs)
+		}
+		n.GPUs = *fn.GPUs
+		var err error
+		if fn.GPUMemory != nil {
+			if n.GPUMemory, err = parseBytes(fn.GPUMemory.raw); err != nil {
+				return nil, ferr(p+".gpuMemory", "%v", err)
+			}
+			if n.GPUMemory <= 0 {
+				return nil, ferr(p+".gpuMemory", "must be positive, got %s", fn.GPUMemory.raw)
+			}
+		}
+		switch fn.NVLink {
+		case "":
+		case "all", "pairs", "none":
+			n.NVLink = fn.NVLink
+		default:
+			return nil, ferr(p+".nvlink", "%q is not one of all, pairs, none", fn.NVLink)
+		}
+		if fn.CPU != nil {
+			if n.CPUMilli, err = parseMilli(fn.CPU.raw, true); err != nil {
+				return nil, ferr(p+".cpu", "%v", err)
+			}
+			if n.CPUMilli < 0 {
+				return nil, ferr(p+".cpu", "must not be negative")
+			}
+		}
+		if fn.Memory != nil {
+			if n.Memory, err = parseBytes(fn.Memory.raw); err != nil {
+				return nil, ferr(p+".memory", "%v", err)
+			}
+			if n.Memory < 0 {
+				return nil, ferr(p+".memory", "must not be negative")
+			}
+		}
+		count := 1
+		if fn.Count != nil {
+			if *fn.Count < 1 || *fn.Count > maxCount {
+				return nil, ferr(p+".count", "%d is out of range (1 to %d)", *fn.Count, maxCount)
+			}
+			count = *fn.Count
+		}
+		for k := 0; k < count; k++ {
+			nn := n
+			nn.Name = fn.Name
+			if fn.Count != nil {
+				nn.Name = fn.Name + "-" + strconv.Itoa(k)
+			}
+			if prev, dup := where[nn.Name]; dup {
+				return nil, ferr(p+".name", "node %s is defined twice (also by %s)", nn.Name, prev)
+			}
+			where[nn.Name] = p
+			out = append(out, nn)
+		}
+	}
+	return out, nil
+}
+
+func normalizeResource(fr *fileResource, p string, isGPU, isCPU bool) (Resource, error) {
+	r := Resource{Quota: -1, Limit: -1, Weight: 1}
+	if isGPU {
+		r.Quota = 0
+	}
+	if fr == nil {
+		return r, nil
+	}
+	parse := func(q *Quantity, field string) (int64, error) {
+		var v int64
+		var err error
+		switch {
+		case isGPU:
+			v, err = parseMilli(q.raw, false)
+		case isCPU:
+			v, err = parseMilli(q.raw, true)
+		default:
+			v, err = parseBytes(q.raw)
+		}
+		if err != nil {
+			return 0, ferr(p+"."+field, "%v", err)
+		}
+		if v < 0 {
+			if v == -1000 && (isGPU || isCPU) || v == -1 && !isGPU && !isCPU {
+				return -1, nil
+			}
+			return 0, ferr(p+"."+field, "%s is negative (only -1, meaning unlimited, is allowed)", q.raw)
+		}
+		return v, nil
+	}
+	var err error
+	if fr.Quota != nil {
+		if r.Quota, err = parse(fr.Quota, "quota"); err != nil {
+			return r, err
+		}
+	}
+	if fr.Limit != nil {
+		if r.Limit, err = parse(fr.Limit, "limit"); err != nil {
+			return r, err
+		}
+	}
+	if r.Limit >= 0 && r.Quota > r.Limit {
+		return r, ferr(p+".limit", "%s is below the quota %s", fr.Limit.raw, fr.Quota.raw)
+	}
+	if fr.OverQuotaWeight != nil {
+		w, err := strconv.ParseInt(strings.TrimSpace(fr.OverQuotaWeight.raw), 10, 64)
+		if err != nil || w < 0 {
+			return r, ferr(p+".overQuotaWeight", "%q is not a whole number ≥ 0", fr.OverQuotaWeight.raw)
+		}
+		r.Weight = w
+	}
+	return r, nil
+}
+
+func normalizeQueues(in []fileQueue) ([]Queue, error) {
+	if len(in) == 0 {
+		return []Queue{{Name: "default", Priority: defaultPriority, GPU: Resource{0, -1, 1}, CPU: Resource{-1, -1, 1}, Memory: Resource{-1, -1, 1}, Leaf: true}}, nil
+	}
+	var out []Queue
+	index := map[string]int{}
+	for i, fq := range in {
+		p := listElem("queues", fq.Name, i)
+		if fq.Name == "" {
+			return nil, ferr(p+".name", "required")
+		}
+		if _, dup := index[fq.Name]; dup {
+			return nil, ferr(p+".name", "queue %s is defined twice", fq.Name)
+		}
+		q := Queue{Name: fq.Name, Parent: fq.Parent, Priority: defaultPriority, Leaf: true}
+		if fq.Priority != nil {
+			q.Priority = *fq.Priority
+		}
+		var err error
+		if q.GPU, err = normalizeResource(fq.GPU, p+".gpu", true, false); err != nil {
+			return nil, err
+		}
+		if q.CPU, err = normalizeResource(fq.CPU, p+".cpu", false, true); err != nil {
+			return nil, err
+		}
+		if q.Memory, err = normalizeResource(fq.Memory, p+".memory", false, false); err != nil {
+			return nil, err
+		}
+		index[fq.Name] = len(out)
+		out = append(out, q)
+	}
+	for i := range out {
+		q := &out[i]
+		if q.Parent == "" {
+			continue
+		}
+		pi, ok := index[q.Parent]
+		if !ok {
+			return nil, ferr(listElem("queues", q.Name, i)+".parent", "queue %s is not defined", q.Parent)
+		}
+		out[pi].Leaf = false
+		// Walk up to catch cycles (a → b → a), which would make the tree a loop.
+		seen := map[string]bool{q.Name: true}
+		for at := q.Parent; at != ""; at = out[index[at]].Parent {
+			if seen[at] {
+				return nil, ferr(listElem("queues", q.Name, i)+".parent", "queues form a loop through %s", at)
+			}
+			seen[at] = true
+			if _, ok := index[at]; !ok {
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+func normalizeJobs(in []fileJob, queues []Queue, nodes []Node) ([]Job, error) {
+	qidx := map[string]*Queue{}
+	for i := range queues {
+		qidx[queues[i].Name] = &queues[i]
+	}
+	maxGPUs, maxMem := 0, int64(0)
+	for _, n := range nodes {
+		maxGPUs = max(maxGPUs, n.GPUs)
+		if n.GPUs > 0 {
+			maxMem = max(maxMem, n.GPUMemory)
+		}
+	}
+	var out []Job
+	jobNames := map[string]bool{}
+	podNames := map[string]string{}
+	for i, fj := range in {
+		p := listElem("jobs", fj.Name, i)
+		if fj.Name == "" {
+			return nil, ferr(p+".name", "required")
+		}
+		if jobNames[fj.Name] {
+			return nil, ferr(p+".name", "job %s is defined twice", fj.Name)
+		}
+		jobNames[fj.Name] = true
+		j := Job{Name: fj.Name, Queue: fj.Queue, Priority: defaultPriority, CreatedAt: int64(i)}
+		if j.Queue == "" {
+			j.Queue = "default"
+		}
+		q, ok := qidx[j.Queue]
+		if !ok {
+			if fj.Queue == "" {
+				return nil, ferr(p+".queue", "not set, and there is no queue named default")
+			}
+			return nil, ferr(p+".queue", "queue %s is not defined", j.Queue)
+		}
+		if !q.Leaf {
+			return nil, ferr(p+".queue", "queue %s is a parent queue; only leaf queues hold jobs", j.Queue)
+		}
+		if fj.Priority != nil {
+			j.Priority = *fj.Priority
+		}
+		j.Preemptible = j.Priority < 100
+		if fj.Preemptible != nil {
+			j.Preemptible = *fj.Preemptible
+		}
+		if fj.CreatedAt != nil {
+			v, err := parseDecimal(fj.CreatedAt.raw)
+			if err != nil || !v.IsInt() || v.Sign() < 0 || !v.Num().IsInt64() {
+				return nil, ferr(p+".createdAt", "%q is not a whole number of seconds ≥ 0", fj.CreatedAt.raw)
+			}
+			j.CreatedAt = v.Num().Int64()
+		}
+		if len(fj.Pods) == 0 {
+			return nil, ferr(p+".pods", "a job needs at least one pod")
+		}
+		for k, fp := range fj.Pods {
+			pp := fmt.Sprintf("%s.pods[%d]", p, k)
+			pod, count, err := normalizePod(&fp, pp, maxGPUs, maxMem)
+			if err != nil {
+				return nil, err
+			}
+			for c := 0; c < count; c++ {
+				pc := pod
+				pc.Index = len(j.Pods)
+				pc.FileIndex = k
+				pc.Name = j.Name + "-" + strconv.Itoa(pc.Index)
+				if other, dup := podNames[pc.Name]; dup {
+					return nil, ferr(pp, "pod name %s is taken by job %s; rename one of the jobs", pc.Name, other)
+				}
+				podNames[pc.Name] = j.Name
+				if fp.Running != nil {
+					pl := &Placement{Node: fp.Running.Node}
+					if fp.Running.GPUs != nil {
+						g, err := runningGPUs(&pc, fp.Running.GPUs, c, count, pp+".running.gpus")
+						if err != nil {
+							return nil, err
+						}
+						pl.GPUs = g
+					}
+					pc.Running = pl
+				}
+				j.Pods = append(j.Pods, pc)
+			}
+		}
+		j.MinMember = len(j.Pods)
+		if fj.MinMember != nil {
+			if *fj.MinMember < 1 || *fj.MinMember > len(j.Pods) {
+				return nil, ferr(p+".minMember", "%d is out of range (1 to the job's %d pods)", *fj.MinMember, len(j.Pods))
+			}
+			j.MinMember = *fj.MinMember
+		}
+		out = append(out, j)
+	}
+	return out, nil
+}
+
+func normalizePod(fp *filePod, pp string, maxGPUs int, maxMem int64) (Pod, int, error) {
+	pod := Pod{}
+	count := 1
+	if fp.Count != nil {
+		if *fp.Count < 1 || *fp.Count > maxCount {
+			return pod, 0, ferr(pp+".count", "%d is out of range (1 to %d)", *fp.Count, maxCount)
+		}
+		count = *fp.Count
+	}
+	var err error
+	if fp.GPU != nil && fp.GPUMemory != nil {
+		return pod, 0, ferr(pp+".gpuMemory", "give gpu or gpuMemory, not both")
+	}
+	if fp.GPU != nil {
+		if pod.GPUMilli, err = parseMilli(fp.GPU.raw, false); err != nil {
+			return pod, 0, ferr(pp+".gpu", "%v", err)
+		}
+		switch {
+		case pod.GPUMilli < 0:
+			return pod, 0, ferr(pp+".gpu", "must not be negative")
+		case pod.GPUMilli > 1000 && pod.GPUMilli%1000 != 0:
+			return pod, 0, ferr(pp+".gpu", "%s: more than one GPU must be a whole number of GPUs", fp.GPU.raw)
+		case pod.GPUMilli >= 1000 && int(pod.GPUMilli/1000) > maxGPUs:
+			return pod, 0, ferr(pp+".gpu", "asks for %s GPUs but the largest node has %d", fp.GPU.raw, maxGPUs)
+		}
+		if pod.GPUMilli > 0 && maxGPUs == 0 {
+			return pod, 0, ferr(pp+".gpu", "asks for a GPU but no node has one")
+		}
+	}
+	if fp.GPUMemory != nil {
+		if pod.GPUMemory, err = parseBytes(fp.GPUMemory.raw); err != nil {
+			return pod, 0, ferr(pp+".gpuMemory", "%v", err)
+		}
+		if pod.GPUMemory <= 0 {
+			return pod, 0, ferr(pp+".gpuMemory", "must be positive")
+		}
+		if pod.GPUMemory > maxMem {
+			return pod, 0, ferr(pp+".gpuMemory", "asks for %s of GPU memory but the largest GPU has %s", fp.GPUMemory.raw, formatBytes(maxMem))
+		}
+	}
+	switch fp.Sharing {
+	case "":
+		if pod.Fractional() {
+			pod.Sharing = "mps"
+		}
+	case "mps", "timeslice":
+		if !pod.Fractional() {
+			return pod, 0, ferr(pp+".sharing", "only a fraction of a GPU (gpu below 1, or gpuMemory) is shared")
+		}
+		pod.Sharing = fp.Sharing
+	default:
+		return pod, 0, ferr(pp+".sharing", "%q is not one of mps, timeslice", fp.Sharing)
+	}
+	switch fp.NVLink {
+	case "", "preferred":
+	case "required":
+		pod.NVLinkReq = true
+	default:
+		return pod, 0, ferr(pp+".nvlink", "%q is not one of required, preferred", fp.NVLink)
+	}
+	if fp.CPU != nil {
+		if pod.CPUMilli, err = parseMilli(fp.CPU.raw, true); err != nil {
+			return pod, 0, ferr(pp+".cpu", "%v", err)
+		}
+		if pod.CPUMilli < 0 {
+			return pod, 0, ferr(pp+".cpu", "must not be negative")
+		}
+	}
+	if fp.Memory != nil {
+		if pod.Memory, err = parseBytes(fp.Memory.raw); err != nil {
+			return pod, 0, ferr(pp+".memory", "%v", err)
+		}
+		if pod.Memory < 0 {
+			return pod, 0, ferr(pp+".memory", "must not be negative")
+		}
+	}
+	if fp.Running != nil && fp.Running.Node == "" {
+		return pod, 0, ferr(pp+".running.node", "required")
+	}
+	return pod, count, nil
+}
+
+// runningGPUs picks pod c's GPUs out of running.gpus: whole-GPU pods take
+// consecutive slices of the list (count × gpu indices in all, or just gpu
+// indices when count is 1); fraction pods take one index each, or share the
+// single index given.
+func runningGPUs(pod *Pod, list []int, c, count int, field string) ([]int, error) {
+	per := pod.WholeGPUs()
+	if pod.Fractional() {
+		per = 1
+	}
+	if per == 0 {
+		return nil, ferr(field, "the pod asks for no GPU")
+	}
+	switch {
+	case len(list) == per*count:
+		return append([]int(nil), list[c*per:(c+1)*per]...), nil
+	case pod.Fractional() && len(list) == 1:
+		return []int{list[0]}, nil
+	}
+	return nil, ferr(field, "lists %d GPUs; %d pods × %d GPUs need %d", len(list), count, per, per*count)
+}
+
+// assignRunning checks that the pods already running fit where the file puts
+// them, and picks GPUs (lowest free indices) for those that name none.
+func assignRunning(s *Spec) error {
+	type gpuUse struct {
+		exclusive bool
+		mem       int64
+		sharing   string
+		by        string
+	}
+	nodeIdx := map[string]*Node{}
+	for i := range s.Nodes {
+		nodeIdx[s.Nodes[i].Name] = &s.Nodes[i]
+	}
+	use := map[string][]gpuUse{}
+	cpu := map[string]int64{}
+	mem := map[string]int64{}
+	for _, n := range s.Nodes {
+		use[n.Name] = make([]gpuUse, n.GPUs)
+	}
+	// Pods with explicit GPUs first, so automatic picks go around them.
+	for pass := 0; pass < 2; pass++ {
+		for ji := range s.Jobs {
+			j := &s.Jobs[ji]
+			for pi := range j.Pods {
+				pod := &j.Pods[pi]
+				if pod.Running == nil || (pass == 0) != (pod.Running.GPUs != nil) {
+					continue
+				}
+				field := fmt.Sprintf("jobs[%s].pods[%d].running", j.Name, pod.FileIndex)
+				n, ok := nodeIdx[pod.Running.Node]
+				if !ok {
+					return ferr(field+".node", "node %s is not defined", pod.Running.Node)
+				}
+				u := use[n.Name]
+				podMem := pod.GPUMemory
+				if pod.Fractional() && podMem == 0 {
+					podMem = n.GPUMemory * pod.GPUMilli / 1000
+				}
+				// conflict says why GPU g cannot take the pod ("" when it can).
+				conflict := func(g int) string {
+					switch {
+					case u[g].exclusive:
+						return fmt.Sprintf("GPU %d of node %s is already used whole by pod %s", g, n.Name, u[g].by)
+					case !pod.Fractional() && u[g].mem > 0:
+						return fmt.Sprintf("GPU %d of node %s already holds fractions (pod %s)", g, n.Name, u[g].by)
+					case pod.Fractional() && u[g].sharing != "" && u[g].sharing != pod.Sharing:
+						return fmt.Sprintf("GPU %d of node %s is shared in %s mode (pod %s); pod %s asks for %s", g, n.Name, u[g].sharing, u[g].by, pod.Name, pod.Sharing)
+					case pod.Fractional() && u[g].mem+podMem > n.GPUMemory:
+						return fmt.Sprintf("GPU %d of node %s has %s of memory left; pod %s asks for %s", g, n.Name, formatBytes(n.GPUMemory-u[g].mem), pod.Name, formatBytes(podMem))
+					}
+					return ""
+				}
+				fits := func(g int) bool { return conflict(g) == "" }
+				if pod.Running.GPUs == nil {
+					want := pod.WholeGPUs()
+					if pod.Fractional() {
+						want = 1
+					}
+					var picked []int
+					for g := 0; g < n.GPUs && len(picked) < want; g++ {
+						if fits(g) {
+							picked = append(picked, g)
+						}
+					}
+					if len(picked) < want {
+						return ferr(field, "pod %s does not fit on node %s next to the pods already running there", pod.Name, n.Name)
+					}
+					pod.Running.GPUs = picked
+				}
+				seen := map[int]bool{}
+				for _, g := range pod.Running.GPUs {
+					if g < 0 || g >= n.GPUs {
+						return ferr(field+".gpus", "node %s has no GPU %d (it has %d)", n.Name, g, n.GPUs)
+					}
+					if seen[g] {
+						return ferr(field+".gpus", "GPU %d is listed twice", g)
+					}
+					seen[g] = true
+					if why := conflict(g); why != "" {
+						return ferr(field+".gpus", "%s", why)
+					}
+					if pod.Fractional() {
+						u[g].mem += podMem
+						u[g].sharing = pod.Sharing
+					} else {
+						u[g].exclusive = true
+					}
+					u[g].by = pod.Name
+				}
+				cpu[n.Name] += pod.CPUMilli
+				mem[n.Name] += pod.Memory
+				if cpu[n.Name] > n.CPUMilli {
+					return ferr(field, "the pods running on node %s ask for more CPU than it has (%s)", n.Name, formatMilli(n.CPUMilli))
+				}
+				if mem[n.Name] > n.Memory {
+					return ferr(field, "the pods running on node %s ask for more memory than it has (%s)", n.Name, formatBytes(n.Memory))
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func normalizeExpect(fe *fileExpect, s *Spec) (Expect, error) {
+	e := Expect{}
+	if fe == nil {
+		return e, nil
+	}
+	jobs := map[string]*Job{}
+	pods := map[string]bool{}
+	for i := range s.Jobs {
+		jobs[s.Jobs[i].Name] = &s.Jobs[i]
+		for _, p := range s.Jobs[i].Pods {
+			pods[p.Name] = true
+		}
+	}
+	queues := map[string]bool{}
+	for _, q := range s.Queues {
+		queues[q.Name] = true
+	}
+	nodes := map[string]*Node{}
+	for i := range s.Nodes {
+		nodes[s.Nodes[i].Name] = &s.Nodes[i]
+	}
+	if len(fe.Jobs) > 0 {
+		e.Jobs = map[string]ExpectJob{}
+	}
+	for _, name := range sortedKeys(fe.Jobs) {
+		if jobs[name] == nil {
+			return e, ferr("expect.jobs."+name, "no job is named %s", name)
+		}
+		x := fe.Jobs[name]
+		for _, f := range []struct {
+			name string
+			v    *int
+		}{{"running", x.Running}, {"pending", x.Pending}, {"evicted", x.Evicted}} {
+			if f.v != nil && *f.v < 0 {
+				return e, ferr("expect.jobs."+name+"."+f.name, "must not be negative")
+			}
+		}
+		e.Jobs[name] = ExpectJob{Running: x.Running, Pending: x.Pending, Evicted: x.Evicted}
+	}
+	if len(fe.Pods) > 0 {
+		e.Pods = map[string]ExpectPod{}
+	}
+	for _, name := range sortedKeys(fe.Pods) {
+		if !pods[name] {
+			return e, ferr("expect.pods."+name, "no pod is named %s (pods are JOB-0, JOB-1, ...)", name)
+		}
+		x := fe.Pods[name]
+		switch x.State {
+		case "", "Running", "Bound", "Pending", "Nominated":
+		default:
+			return e, ferr("expect.pods."+name+".state", "%q is not one of Running, Bound, Nominated, Pending", x.State)
+		}
+		if x.Node != nil && *x.Node != "" && nodes[*x.Node] == nil {
+			return e, ferr("expect.pods."+name+".node", "node %s is not defined", *x.Node)
+		}
+		if x.GPUs != nil {
+			g := append([]int(nil), (*x.GPUs)...)
+			sort.Ints(g)
+			x.GPUs = &g
+		}
+		e.Pods[name] = ExpectPod{Node: x.Node, GPUs: x.GPUs, State: x.State, Reason: x.Reason}
+	}
+	if len(fe.Queues) > 0 {
+		e.Queues = map[string]ExpectQueue{}
+	}
+	for _, name := range sortedKeys(fe.Queues) {
+		if !queues[name] {
+			return e, ferr("expect.queues."+name, "no queue is named %s", name)
+		}
+		x := fe.Queues[name]
+		var eq ExpectQueue
+		for _, f := range []struct {
+			q    *Quantity
+			dst  **int64
+			name string
+		}{{x.GPUFairShare, &eq.GPUFairShare, "gpuFairShare"}, {x.GPUAllocated, &eq.GPUAllocated, "gpuAllocated"}} {
+			if f.q == nil {
+				continue
+			}
+			v, err := parseMilli(f.q.raw, false)
+			if err != nil {
+				return e, ferr("expect.queues."+name+"."+f.name, "%v", err)
+			}
+			*f.dst = &v
+		}
+		e.Queues[name] = eq
+	}
+	return e, nil
+}

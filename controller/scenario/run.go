@@ -1,0 +1,475 @@
+package scenario
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/tessera-gpu/tessera/controller/core"
+)
+
+// Pod states in the report. Nominated pods hold capacity that this cycle's
+// evictions free (a preemptor, a reclaimer, a pod moved by consolidation) and
+// are bound at the start of the next cycle.
+const (
+	StatePending   = "Pending"
+	StateNominated = "Nominated"
+	StateBound     = "Bound"
+	StateRunning   = "Running"
+)
+
+// Options change how a scenario runs.
+type Options struct {
+	// Trace, when set, receives every decision cycle by cycle.
+	Trace io.Writer
+	// Timing records each cycle's wall time in the report; off by default so
+	// that the same input always gives byte-identical reports.
+	Timing bool
+}
+
+type simPod struct {
+	job   *Job
+	spec  *Pod
+	state string
+	place core.Placement
+	// reason is why the pod stayed pending in the last cycle.
+	reason string
+}
+
+type runner struct {
+	spec     *Spec
+	opts     Options
+	pods     []*simPod // job order, then pod index
+	byName   map[string]*simPod
+	evicted  map[string]int       // per job, moves included
+	since    map[string]time.Time // when each job was first seen below minMember
+	nodes    []core.Node
+	nodeIdx  map[string]*core.Node
+	queues   []core.Queue
+	cfg      core.Config
+	last     *core.Result
+	cycles   []CycleReport
+	failures []string
+}
+
+// simEpoch is the sim's clock origin: createdAt seconds count from it, and
+// cycle i (from 1) runs i seconds after the newest job was created.
+var simEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Run runs one scenario and checks its expectations.
+func Run(s *Spec, opts Options) *Report {
+	r := newRunner(s, opts)
+	var newest int64
+	for _, j := range s.Jobs {
+		newest = max(newest, j.CreatedAt)
+	}
+	for c := 1; c <= s.Cycles; c++ {
+		now := simEpoch.Add(time.Duration(newest+int64(c)) * time.Second)
+		if err := r.cycle(c, now); err != nil {
+			r.failures = append(r.failures, fmt.Sprintf("cycle %d: %v", c, err))
+			break
+		}
+	}
+	return r.report()
+}
+
+func newRunner(s *Spec, opts Options) *runner {
+	r := &runner{spec: s, opts: opts, byName: map[string]*simPod{}, evicted: map[string]int{}, since: map[string]time.Time{}, nodeIdx: map[string]*core.Node{}}
+	r.cfg = core.Config{Placement: core.PlacementPolicy(s.Placement), DisableConsolidation: !s.Consolidation}
+	for _, n := range s.Nodes {
+		cn := core.Node{Name: n.Name, Labels: n.Labels, CPU: n.CPUMilli, Memory: n.Memory}
+		for g := 0; g < n.GPUs; g++ {
+			cn.GPUs = append(cn.GPUs, core.GPU{Index: g, Memory: n.GPUMemory, Model: n.GPUModel, NVLinkDomain: n.NVLinkDomain(g)})
+		}
+		r.nodes = append(r.nodes, cn)
+	}
+	for i := range r.nodes {
+		r.nodeIdx[r.nodes[i].Name] = &r.nodes[i]
+	}
+	for _, q := range s.Queues {
+		cq := core.Queue{Name: q.Name, Parent: q.Parent, Priority: int32(q.Priority)}
+		for res, v := range map[core.Resource]Resource{core.ResGPU: q.GPU, core.ResCPU: q.CPU, core.ResMemory: q.Memory} {
+			cq.Resources[res] = core.QueueResource{Quota: v.Quota, Limit: v.Limit, OverQuotaWeight: v.Weight}
+		}
+		r.queues = append(r.queues, cq)
+	}
+	for ji := range s.Jobs {
+		j := &s.Jobs[ji]
+		for pi := range j.Pods {
+			p := &j.Pods[pi]
+			sp := &simPod{job: j, spec: p, state: StatePending}
+			if p.Running != nil {
+				sp.state = StateRunning
+				sp.place = r.fillPlacement(p, core.Placement{Node: p.Running.Node, GPUs: slices.Clone(p.Running.GPUs)})
+			}
+			r.pods = append(r.pods, sp)
+			r.byName[p.Name] = sp
+		}
+	}
+	return r
+}
+
+// request converts a pod's ask to the core's Request.
+func request(p *Pod) core.Request {
+	req := core.Request{CPU: p.CPUMilli, Memory: p.Memory}
+	switch {
+	case p.GPUMemory > 0:
+		req.GPUMemory = p.GPUMemory
+	case p.Fractional():
+		req.GPUMilli = p.GPUMilli
+	default:
+		req.GPUs = p.WholeGPUs()
+	}
+	if req.IsFraction() {
+		req.Sharing = core.Sharing(p.Sharing)
+	}
+	if p.NVLinkReq {
+		req.NVLink = core.NVLinkRequired
+	} else if p.WholeGPUs() > 1 {
+		req.NVLink = core.NVLinkPreferred
+	}
+	return req
+}
+
+// fillPlacement completes a placement's per-GPU shares the way the core
+// describes them, so pods that start running carry the same data as bound ones.
+func (r *runner) fillPlacement(p *Pod, pl core.Placement) core.Placement {
+	n := r.nodeIdx[pl.Node]
+	pl.GPUMilli, pl.GPUMemory = nil, nil
+	for _, g := range pl.GPUs {
+		mem := n.GPUs[g].Memory
+		switch {
+		case p.GPUMemory > 0:
+			pl.GPUMilli = append(pl.GPUMilli, ceilDiv(p.GPUMemory*1000, mem))
+			pl.GPUMemory = append(pl.GPUMemory, p.GPUMemory)
+		case p.Fractional():
+			pl.GPUMilli = append(pl.GPUMilli, p.GPUMilli)
+			pl.GPUMemory = append(pl.GPUMemory, mem*p.GPUMilli/1000)
+		default:
+			pl.GPUMilli = append(pl.GPUMilli, 1000)
+			pl.GPUMemory = append(pl.GPUMemory, mem)
+		}
+	}
+	if p.Fractional() {
+		pl.Sharing = core.Sharing(p.Sharing)
+	}
+	return pl
+}
+
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+func (r *runner) tracef(format string, args ...any) {
+	if r.opts.Trace != nil {
+		fmt.Fprintf(r.opts.Trace, format, args...)
+	}
+}
+
+func (r *runner) snapshot(now time.Time) *core.Snapshot {
+	s := &core.Snapshot{Now: now, Nodes: r.nodes, Queues: r.queues}
+	for ji := range r.spec.Jobs {
+		j := &r.spec.Jobs[ji]
+		cj := core.Job{Name: j.Name, Queue: j.Queue, Priority: int32(j.Priority), Preemptible: j.Preemptible,
+			MinMember: j.MinMember, CreatedAt: simEpoch.Add(time.Duration(j.CreatedAt) * time.Second), BelowMinMemberSince: r.since[j.Name]}
+		for pi := range j.Pods {
+			sp := r.byName[j.Pods[pi].Name]
+			cp := core.Pod{Name: sp.spec.Name, Request: request(sp.spec)}
+			switch sp.state {
+			case StatePending:
+				cp.Phase = core.PodPending
+			case StateBound:
+				cp.Phase = core.PodBound
+				cp.Placement = clonePlacement(sp.place)
+			case StateRunning:
+				cp.Phase = core.PodRunning
+				cp.Placement = clonePlacement(sp.place)
+			}
+			cj.Pods = append(cj.Pods, cp)
+		}
+		s.Jobs = append(s.Jobs, cj)
+	}
+	return s
+}
+
+func clonePlacement(p core.Placement) core.Placement {
+	p.GPUs = slices.Clone(p.GPUs)
+	p.GPUMilli = slices.Clone(p.GPUMilli)
+	p.GPUMemory = slices.Clone(p.GPUMemory)
+	return p
+}
+
+// cycle runs one scheduling cycle and applies its decisions as SCENARIOS.md's
+// "Rules of a run" say.
+func (r *runner) cycle(c int, now time.Time) error {
+	r.tracef("%s: cycle %d\n", r.spec.Name, c)
+	bound := 0
+	// Last cycle's binds now run; pods nominated onto capacity that last
+	// cycle's evictions freed are bound now.
+	for _, p := range r.pods {
+		switch p.state {
+		case StateBound:
+			p.state = StateRunning
+		case StateNominated:
+			p.state = StateBound
+			bound++
+			r.tracef("  bind     %s → %s (nominated last cycle)\n", p.spec.Name, placementString(p.place))
+		}
+	}
+	// Stale-gang bookkeeping, as the controller's adapter keeps it: when a
+	// job was first seen with some but fewer than minMember pods placed.
+	for ji := range r.spec.Jobs {
+		j := &r.spec.Jobs[ji]
+		placed := 0
+		for pi := range j.Pods {
+			if st := r.byName[j.Pods[pi].Name].state; st == StateBound || st == StateRunning {
+				placed++
+			}
+		}
+		if placed > 0 && placed < j.MinMember {
+			if r.since[j.Name].IsZero() {
+				r.since[j.Name] = now
+			}
+		} else {
+			delete(r.since, j.Name)
+		}
+	}
+
+	snap := r.snapshot(now)
+	start := time.Now()
+	res, err := core.Schedule(snap, r.cfg)
+	elapsed := time.Since(start)
+	if err != nil {
+		return fmt.Errorf("core: %w", err)
+	}
+	if res == nil {
+		return fmt.Errorf("core returned no result")
+	}
+	r.last = res
+
+	var problems []string
+	// Evictions first, in decision order: the pods keep their capacity until
+	// the end of the cycle.
+	// moving keeps the old placement of pods that consolidation moves.
+	var moving []*simPod
+	for _, e := range res.Evictions {
+		p := r.byName[e.Pod]
+		if p == nil {
+			problems = append(problems, fmt.Sprintf("core evicted unknown pod %s", e.Pod))
+			continue
+		}
+		if p.state != StateRunning && p.state != StateBound {
+			problems = append(problems, fmt.Sprintf("core evicted pod %s, which is %s", e.Pod, p.state))
+			continue
+		}
+		r.evicted[p.job.Name]++
+		if e.MoveTo != nil {
+			r.tracef("  move     %s %s → %s (%s): %s\n", e.Pod, placementString(p.place), placementString(*e.MoveTo), e.Action, e.Reason)
+		} else {
+			r.tracef("  evict    %s on %s (%s): %s\n", e.Pod, placementString(p.place), e.Action, e.Reason)
+		}
+		if e.MoveTo != nil {
+			moving = append(moving, &simPod{job: p.job, spec: p.spec, state: "moving", place: p.place})
+			p.place = r.fillPlacementFrom(p.spec, *e.MoveTo)
+			p.state = StateNominated
+		} else {
+			p.state = "evicting"
+		}
+	}
+	for _, b := range res.Binds {
+		p := r.byName[b.Pod]
+		if p == nil {
+			problems = append(problems, fmt.Sprintf("core bound unknown pod %s", b.Pod))
+			continue
+		}
+		if p.state != StatePending {
+			problems = append(problems, fmt.Sprintf("core bound pod %s, which is %s", b.Pod, p.state))
+			continue
+		}
+		p.place = r.fillPlacementFrom(p.spec, b.Placement)
+		p.reason = ""
+		if b.Pipelined {
+			p.state = StateNominated
+			r.tracef("  nominate %s → %s (%s; bound next cycle, once the evicted pods are gone)\n", b.Pod, placementString(p.place), b.Action)
+		} else {
+			p.state = StateBound
+			bound++
+			r.tracef("  bind     %s → %s (%s)\n", b.Pod, placementString(p.place), b.Action)
+		}
+	}
+	// Before the evicted pods leave, the pods bound right away must fit next
+	// to them; afterwards, everyone holding capacity must fit.
+	problems = append(problems, r.checkCapacity(moving, false)...)
+	for _, p := range r.pods {
+		if p.state == "evicting" {
+			// Its job's controller recreates it: a new pending pod of the
+			// same job, keeping the job's age.
+			p.state = StatePending
+			p.place = core.Placement{}
+		}
+	}
+	problems = append(problems, r.checkCapacity(nil, true)...)
+
+	reasons := map[string]string{}
+	for _, pp := range res.Pending {
+		reasons[pp.Pod] = pp.Reason
+	}
+	for _, p := range r.pods {
+		if p.state != StatePending {
+			continue
+		}
+		p.reason = reasons[p.spec.Name]
+		if p.reason == "" {
+			problems = append(problems, fmt.Sprintf("pod %s is pending without a reason", p.spec.Name))
+		}
+		r.tracef("  pending  %s: %s\n", p.spec.Name, p.reason)
+	}
+	for _, q := range r.spec.Queues {
+		st := res.Queues[q.Name]
+		r.tracef("  queue    %s: gpu fair share %s, allocated %s\n", q.Name, formatMilli(st.FairShare[core.ResGPU]), formatMilli(st.Allocated[core.ResGPU]))
+	}
+	for _, pr := range problems {
+		r.tracef("  PROBLEM  %s\n", pr)
+		r.failures = append(r.failures, fmt.Sprintf("cycle %d: %s", c, pr))
+	}
+	cr := CycleReport{Bound: bound, Evicted: len(res.Evictions)}
+	if r.opts.Timing {
+		cr.DurationMs = float64(elapsed.Microseconds()) / 1000
+	}
+	r.cycles = append(r.cycles, cr)
+	return nil
+}
+
+func (r *runner) fillPlacementFrom(p *Pod, pl core.Placement) core.Placement {
+	pl = clonePlacement(pl)
+	if r.nodeIdx[pl.Node] == nil {
+		return pl // reported by checkCapacity
+	}
+	for _, g := range pl.GPUs {
+		if g < 0 || g >= len(r.nodeIdx[pl.Node].GPUs) {
+			return pl
+		}
+	}
+	if len(pl.GPUMilli) != len(pl.GPUs) || len(pl.GPUMemory) != len(pl.GPUs) {
+		return r.fillPlacement(p, pl)
+	}
+	return pl
+}
+
+// checkCapacity verifies the core's decisions never hand out more than a node
+// has: whole GPUs exclusive, fractions within a GPU's memory and of one
+// sharing mode, CPU and memory within the node. Before the end of the cycle
+// (final false) evicted pods still hold their capacity, and extra holds the old
+// places of pods being moved.
+func (r *runner) checkCapacity(extra []*simPod, final bool) []string {
+	type gpuUse struct {
+		exclusive []string
+		shared    []string
+		mem       int64
+		modes     map[core.Sharing]bool
+	}
+	use := map[string]map[int]*gpuUse{}
+	cpu := map[string]int64{}
+	mem := map[string]int64{}
+	var problems []string
+	holders := append([]*simPod(nil), extra...)
+	for _, p := range r.pods {
+		if p.state == StateRunning || p.state == StateBound || p.state == "evicting" || (final && p.state == StateNominated) {
+			holders = append(holders, p)
+		}
+	}
+	for _, p := range holders {
+		n := r.nodeIdx[p.place.Node]
+		if n == nil {
+			problems = append(problems, fmt.Sprintf("pod %s placed on unknown node %q", p.spec.Name, p.place.Node))
+			continue
+		}
+		want := p.spec.WholeGPUs()
+		if p.spec.Fractional() {
+			want = 1
+		}
+		if len(p.place.GPUs) != want {
+			problems = append(problems, fmt.Sprintf("pod %s asks for %d GPUs but got %v", p.spec.Name, want, p.place.GPUs))
+		}
+		if use[n.Name] == nil {
+			use[n.Name] = map[int]*gpuUse{}
+		}
+		for i, g := range p.place.GPUs {
+			if g < 0 || g >= len(n.GPUs) {
+				problems = append(problems, fmt.Sprintf("pod %s placed on GPU %d of %s, which has %d", p.spec.Name, g, n.Name, len(n.GPUs)))
+				continue
+			}
+			u := use[n.Name][g]
+			if u == nil {
+				u = &gpuUse{modes: map[core.Sharing]bool{}}
+				use[n.Name][g] = u
+			}
+			if p.spec.Fractional() {
+				u.shared = append(u.shared, p.spec.Name)
+				if i < len(p.place.GPUMemory) {
+					u.mem += p.place.GPUMemory[i]
+				}
+				u.modes[core.Sharing(p.spec.Sharing)] = true
+			} else {
+				u.exclusive = append(u.exclusive, p.spec.Name)
+			}
+		}
+		cpu[n.Name] += p.spec.CPUMilli
+		mem[n.Name] += p.spec.Memory
+	}
+	for _, n := range r.nodes {
+		for g := range n.GPUs {
+			u := use[n.Name][g]
+			switch {
+			case u == nil:
+			case len(u.exclusive) > 1 || len(u.exclusive) == 1 && len(u.shared) > 0:
+				problems = append(problems, fmt.Sprintf("GPU %d of %s is given to %s at once", g, n.Name, strings.Join(append(u.exclusive, u.shared...), " and ")))
+			case u.mem > n.GPUs[g].Memory:
+				problems = append(problems, fmt.Sprintf("GPU %d of %s: fractions %s take %s of its %s", g, n.Name, strings.Join(u.shared, ", "), formatBytes(u.mem), formatBytes(n.GPUs[g].Memory)))
+			case len(u.modes) > 1:
+				problems = append(problems, fmt.Sprintf("GPU %d of %s mixes MPS and time-sliced fractions (%s)", g, n.Name, strings.Join(u.shared, ", ")))
+			}
+		}
+		if cpu[n.Name] > n.CPU {
+			problems = append(problems, fmt.Sprintf("node %s: pods take %s CPUs of its %s", n.Name, formatMilli(cpu[n.Name]), formatMilli(n.CPU)))
+		}
+		if mem[n.Name] > n.Memory {
+			problems = append(problems, fmt.Sprintf("node %s: pods take %s of its %s memory", n.Name, formatBytes(mem[n.Name]), formatBytes(n.Memory)))
+		}
+	}
+	if !final && len(problems) > 0 {
+		for i := range problems {
+			problems[i] += " (before the evicted pods are gone: a bind that needs their capacity must be pipelined)"
+		}
+	}
+	sort.Strings(problems)
+	return problems
+}
+
+func placementString(p core.Placement) string {
+	var b strings.Builder
+	b.WriteString(p.Node)
+	if len(p.GPUs) > 0 {
+		fmt.Fprintf(&b, " gpus %s", intsString(p.GPUs))
+	}
+	var mem int64
+	for _, m := range p.GPUMemory {
+		mem += m
+	}
+	if mem > 0 {
+		fmt.Fprintf(&b, " %s", formatBytes(mem))
+	}
+	if p.Sharing != "" {
+		fmt.Fprintf(&b, " %s", p.Sharing)
+	}
+	return b.String()
+}
+
+func intsString(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprint(x)
+	}
+	return "[" + strings.Join(s, ", ") + "]"
+}

@@ -1,0 +1,129 @@
+package scenario
+
+import "strconv"
+
+// Spec is one scenario after defaults and validation: every count expanded,
+// every quantity in the core's integer units (milli-GPU, milli-CPU, bytes).
+type Spec struct {
+	File          string
+	Name          string
+	Cycles        int
+	Consolidation bool
+	Placement     string // "binpack" | "spread"
+	Nodes         []Node
+	Queues        []Queue // file order; "default" added when the file lists none
+	Jobs          []Job
+	Expect        Expect
+}
+
+// Node is one expanded node.
+type Node struct {
+	Name      string
+	GPUs      int
+	GPUMemory int64 // bytes per GPU
+	GPUModel  string
+	NVLink    string // "all" | "pairs" | "none"
+	CPUMilli  int64
+	Memory    int64
+	Labels    map[string]string
+}
+
+// NVLinkDomain names the NVLink domain of GPU i on this node; "" means the
+// GPU has no NVLink (the core's convention).
+func (n *Node) NVLinkDomain(i int) string {
+	switch n.NVLink {
+	case "all":
+		return "nvlink"
+	case "pairs":
+		return "nvlink-" + strconv.Itoa(i/2)
+	}
+	return ""
+}
+
+// Resource is one queue's settings for one resource, in the core's units;
+// -1 means unlimited (quota) or none (limit).
+type Resource struct {
+	Quota  int64
+	Limit  int64
+	Weight int64
+}
+
+// Queue is one queue of the tree.
+type Queue struct {
+	Name     string
+	Parent   string // "" for a top-level queue
+	Priority int
+	GPU      Resource
+	CPU      Resource
+	Memory   Resource
+	Leaf     bool
+}
+
+// Job is a gang: a PodGroup, or a single pod.
+type Job struct {
+	Name        string
+	Queue       string
+	Priority    int
+	Preemptible bool
+	MinMember   int
+	CreatedAt   int64 // seconds
+	Pods        []Pod
+}
+
+// Pod is one pod of a job, named JOB-i.
+type Pod struct {
+	Name      string
+	Index     int
+	FileIndex int   // which entry of the job's pods: list it came from
+	GPUMilli  int64 // whole GPUs × 1000, or a fraction below 1000; 0 with GPUMemory set or for CPU-only pods
+	GPUMemory int64 // a fraction given as memory (bytes); 0 otherwise
+	Sharing   string
+	NVLinkReq bool
+	CPUMilli  int64
+	Memory    int64
+	Running   *Placement
+}
+
+// WholeGPUs is the number of whole GPUs the pod asks for (0 for fractions).
+func (p *Pod) WholeGPUs() int {
+	if p.GPUMemory > 0 || p.GPUMilli%1000 != 0 {
+		return 0
+	}
+	return int(p.GPUMilli / 1000)
+}
+
+// Fractional reports whether the pod shares one GPU.
+func (p *Pod) Fractional() bool {
+	return p.GPUMemory > 0 || (p.GPUMilli > 0 && p.GPUMilli < 1000)
+}
+
+// Placement is where a pod is: node and GPU indices.
+type Placement struct {
+	Node string
+	GPUs []int // nil: the loader assigns them
+}
+
+// Expect holds the checks of a scenario; nil fields are not checked.
+type Expect struct {
+	Jobs   map[string]ExpectJob
+	Pods   map[string]ExpectPod
+	Queues map[string]ExpectQueue
+}
+
+// ExpectJob counts a job's pods at the end of the run.
+type ExpectJob struct {
+	Running, Pending, Evicted *int
+}
+
+// ExpectPod pins where a pod is.
+type ExpectPod struct {
+	Node   *string
+	GPUs   *[]int
+	State  string
+	Reason *string
+}
+
+// ExpectQueue checks a queue's GPU fair share and allocation (milli-GPU).
+type ExpectQueue struct {
+	GPUFairShare, GPUAllocated *int64
+}
