@@ -206,6 +206,27 @@ func (f *Fake) nvlinked(i, j int) bool {
 	return f.profile.links[[2]int{min(i, j), max(i, j)}] > 0
 }
 
+// indexOf finds which fake GPU a handle is. Callers such as go-nvlib pass
+// their own wrappers around our handles, so fall back to asking for the UUID.
+func (f *Fake) indexOf(d nvml.Device) (int, nvml.Return) {
+	if i, ok := f.index[d]; ok {
+		return i, nvml.SUCCESS
+	}
+	if d == nil {
+		return 0, nvml.ERROR_INVALID_ARGUMENT
+	}
+	uuid, ret := d.GetUUID()
+	if ret != nvml.SUCCESS {
+		return 0, ret
+	}
+	for i := range f.state {
+		if FakeUUID(f.Node, i) == uuid {
+			return i, nvml.SUCCESS
+		}
+	}
+	return 0, nvml.ERROR_INVALID_ARGUMENT
+}
+
 func (f *Fake) lost(i int) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -311,9 +332,9 @@ func (f *Fake) wireDevice(i int, d *server.Device) {
 		return nil, nvml.ERROR_NOT_FOUND
 	}
 	d.GetTopologyCommonAncestorFunc = func(other nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
-		j, ok := f.index[other]
-		if !ok {
-			return 0, nvml.ERROR_INVALID_ARGUMENT
+		j, ret := f.indexOf(other)
+		if ret != nvml.SUCCESS {
+			return 0, ret
 		}
 		if f.lost(i) || f.lost(j) {
 			return 0, lost
@@ -331,9 +352,9 @@ func (f *Fake) wireDevice(i int, d *server.Device) {
 		}
 	}
 	d.GetP2PStatusFunc = func(other nvml.Device, caps nvml.GpuP2PCapsIndex) (nvml.GpuP2PStatus, nvml.Return) {
-		j, ok := f.index[other]
-		if !ok {
-			return 0, nvml.ERROR_INVALID_ARGUMENT
+		j, ret := f.indexOf(other)
+		if ret != nvml.SUCCESS {
+			return 0, ret
 		}
 		if f.lost(i) || f.lost(j) {
 			return 0, lost

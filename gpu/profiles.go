@@ -3,6 +3,7 @@ package gpu
 import (
 	"fmt"
 	"os"
+	"reflect"
 	"regexp"
 	"sort"
 	"strconv"
@@ -175,6 +176,15 @@ func LoadProfile(path string) (ProfileSpec, error) {
 // ParseProfile decodes and validates a profile from YAML.
 func ParseProfile(data []byte) (ProfileSpec, error) {
 	var p ProfileSpec
+	// Unknown fields are found first, by path ("gpus[1].cout"): the JSON
+	// decoder behind sigs.k8s.io/yaml names only the key.
+	var generic any
+	if err := yaml.Unmarshal(data, &generic); err != nil {
+		return ProfileSpec{}, fmt.Errorf("decoding: %w", err)
+	}
+	if err := checkFields(generic, reflect.TypeOf(p), ""); err != nil {
+		return ProfileSpec{}, err
+	}
 	if err := yaml.UnmarshalStrict(data, &p); err != nil {
 		return ProfileSpec{}, fmt.Errorf("decoding: %w", err)
 	}
@@ -406,3 +416,53 @@ func (p ProfileSpec) resolve() (*resolvedProfile, error) {
 
 // nvlinksPerGPU is the number of NVLinks a fake GPU has (Hopper's 18).
 const nvlinksPerGPU = 18
+
+// checkFields reports the first key in v that type t has no field for.
+func checkFields(v any, t reflect.Type, path string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil // a type mismatch; the decoder reports it
+		}
+		fields := map[string]reflect.Type{}
+		for i := 0; i < t.NumField(); i++ {
+			name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+			if name != "" && name != "-" {
+				fields[name] = t.Field(i).Type
+			}
+		}
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			p := k
+			if path != "" {
+				p = path + "." + k
+			}
+			ft, ok := fields[k]
+			if !ok {
+				return fmt.Errorf("unknown field %q", p)
+			}
+			if err := checkFields(m[k], ft, p); err != nil {
+				return err
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		l, ok := v.([]any)
+		if !ok {
+			return nil
+		}
+		for i, e := range l {
+			if err := checkFields(e, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,66 @@
+package gpu
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestRealNVML runs against the machine's GPUs, and skips where there are none.
+func TestRealNVML(t *testing.T) {
+	inv, err := NewNVML()
+	if errors.Is(err, ErrNVMLUnavailable) {
+		t.Skipf("no NVML on this machine: %v", err)
+	}
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, inv.Close()) }()
+	devs, err := inv.Devices()
+	require.NoError(t, err)
+	if len(devs) == 0 {
+		t.Skip("NVML loaded but reports no GPUs")
+	}
+	for _, d := range devs {
+		t.Logf("%+v", d)
+		assert.Regexp(t, `^GPU-`, d.UUID)
+		assert.NotEmpty(t, d.ProductName)
+		assert.NotZero(t, d.MemoryBytes)
+		assert.Regexp(t, `^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`, d.PCIBusID)
+		assert.NotEmpty(t, d.NVLinkDomain)
+	}
+	if len(devs) > 1 {
+		got, err := PreferredAllocation(inv, allUUIDs(devs), nil, 2)
+		require.NoError(t, err)
+		assert.Len(t, got, 2)
+	}
+}
+
+// TestNewNVMLWithoutLibrary checks the error (not a panic) when
+// libnvidia-ml is missing; on a GPU machine there is nothing to check.
+func TestNewNVMLWithoutLibrary(t *testing.T) {
+	inv, err := NewNVML()
+	if err == nil {
+		_ = inv.Close()
+		t.Skip("NVML is present on this machine")
+	}
+	assert.ErrorIs(t, err, ErrNVMLUnavailable)
+	assert.Contains(t, err.Error(), "libnvidia-ml.so.1")
+	assert.Contains(t, err.Error(), "--fake-gpus")
+}
+
+func TestPCIBusIDFormat(t *testing.T) {
+	assert.Equal(t, "0000:18:00.0", pciBusID(nvmlPciInfo("0000:18:00.0", 0)))
+	assert.Equal(t, "0001:ab:00.0", pciBusID(nvmlPciInfo("0001:AB:00.0", 0)))
+	assert.Equal(t, "", pciBusID(nvml.PciInfo{}))
+}
+
+func TestXIDs(t *testing.T) {
+	assert.False(t, IsCriticalXID(13))
+	assert.False(t, IsCriticalXID(31))
+	assert.True(t, IsCriticalXID(79))
+	assert.True(t, IsCriticalXID(48))
+	assert.Equal(t, "XID 79: GPU has fallen off the bus", XIDReason(79))
+	assert.Equal(t, "XID 1234: critical GPU error", XIDReason(1234))
+}
