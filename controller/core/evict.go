@@ -182,9 +182,9 @@ func (s *session) reclaim() {
 	tried := map[*jobState]bool{}
 	need := s.pendingNeed(tried)
 	s.runOrdered(func(*jobState) bool { return true }, need, func(j *jobState) bool {
-		tried[j] = true
 		req, _ := need(j)
 		if s.gates(j, req, true) != "" {
+			tried[j] = true
 			return false
 		}
 		R := j.queue
@@ -197,6 +197,7 @@ func (s *session) reclaim() {
 					p.reason += fmt.Sprintf("; cannot reclaim: queue %s would exceed its fair share of %s", R.name, formatAmount(contested[0], R.fairShare[contested[0]]))
 				}
 			}
+			tried[j] = true
 			return false
 		}
 		remaining := req
@@ -220,11 +221,12 @@ func (s *session) reclaim() {
 		for _, p := range c {
 			if !s.placeEvicting(p, pol) {
 				s.rollback(cp)
+				tried[j] = true
 				return false
 			}
 			addRes(&remaining, p.res, -1)
 		}
-		return false
+		return true // next pod of the job, if any
 	})
 }
 
@@ -297,12 +299,13 @@ func (s *session) reclaimAllowed(R *queueState, rem Resources, unit []*podState,
 func (s *session) preempt() {
 	tried := map[*jobState]bool{}
 	need := s.pendingNeed(tried)
-	s.runOrdered(func(*jobState) bool { return true }, need, func(j *jobState) bool {
-		tried[j] = true
+	s.runOrdered(func(*jobState) bool { return true }, need, func(j *jobState) (again bool) {
 		req, _ := need(j)
+		tried[j] = true
 		if s.gates(j, req, false) != "" {
 			return false
 		}
+		defer func() { again = !tried[j] }()
 		pol := &evictPolicy{
 			action:    ActionPreempt,
 			wholeGang: true,
@@ -313,11 +316,11 @@ func (s *session) preempt() {
 				return fmt.Sprintf("preempted by job %s (priority %d) in queue %s", j.name, j.priority, j.queue.name)
 			},
 		}
-		s.placeJobEvicting(j, pol, func(int) bool {
+		tried[j] = !s.placeJobEvicting(j, pol, func(int) bool {
 			// Evictions in the same queue may bring it back under its limits.
-			return s.gates(j, Resources{}, true) == "" && withinLimits(s, j.queue, req)
+			return withinLimits(s, j.queue, req)
 		})
-		return false
+		return
 	})
 }
 
@@ -338,12 +341,13 @@ func withinLimits(s *session, q *queueState, req Resources) bool {
 func (s *session) consolidate() {
 	tried := map[*jobState]bool{}
 	need := s.pendingNeed(tried)
-	s.runOrdered(func(j *jobState) bool { return !j.gated }, need, func(j *jobState) bool {
-		tried[j] = true
+	s.runOrdered(func(j *jobState) bool { return !j.gated }, need, func(j *jobState) (again bool) {
 		req, _ := need(j)
+		tried[j] = true
 		if s.gates(j, req, true) != "" || !s.fitsFree(req) {
 			return false
 		}
+		defer func() { again = !tried[j] }()
 		pol := &evictPolicy{
 			action: ActionConsolidate,
 			eligible: func(v *podState) bool {
@@ -353,7 +357,7 @@ func (s *session) consolidate() {
 				return fmt.Sprintf("moved to make room for job %s", j.name)
 			},
 		}
-		s.placeJobEvicting(j, pol, func(cp int) bool {
+		tried[j] = !s.placeJobEvicting(j, pol, func(cp int) bool {
 			// Re-place every pod this plan moved, biggest first.
 			var moved []*podState
 			for _, o := range s.log[cp:] {
@@ -379,7 +383,7 @@ func (s *session) consolidate() {
 			}
 			return true
 		})
-		return false
+		return
 	})
 }
 

@@ -59,7 +59,7 @@ func formatBytes(v int64) string {
 func formatAmount(r Resource, v int64) string {
 	switch r {
 	case ResGPU:
-		if v == 1000 || v < 1000 {
+		if v == 1000 || v > 0 && v < 1000 {
 			return formatMilli(v) + " GPU"
 		}
 		return formatMilli(v) + " GPUs"

@@ -1,0 +1,108 @@
+package core
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// benchAllocateSnapshot: nodes×gpus empty GPUs and pods pending one-GPU
+// pods, each its own job, spread over 10 queues.
+func benchAllocateSnapshot(nodeCount, gpus, pods int) *Snapshot {
+	s := &Snapshot{Nodes: nodes("n", nodeCount, gpus)}
+	for q := 0; q < 10; q++ {
+		s.Queues = append(s.Queues, queue(fmt.Sprintf("q%d", q), "", 0, -1, 1))
+	}
+	for i := 0; i < pods; i++ {
+		s.Jobs = append(s.Jobs, Job{Name: fmt.Sprintf("j%05d", i), Queue: fmt.Sprintf("q%d", i%10), Priority: 50, Preemptible: true,
+			CreatedAt: time.Unix(int64(i), 0), Pods: []Pod{{Name: fmt.Sprintf("p%05d", i), Request: Request{GPUs: 1}}}})
+	}
+	return s
+}
+
+// fullCluster: every GPU of nodeCount×gpus runs a one-GPU preemptible pod
+// of queue a, each its own job.
+func fullCluster(nodeCount, gpus int) *Snapshot {
+	s := &Snapshot{Nodes: nodes("n", nodeCount, gpus), Queues: []Queue{queue("a", "", 0, -1, 1)}}
+	k := 0
+	for _, n := range s.Nodes {
+		for g := range n.GPUs {
+			s.Jobs = append(s.Jobs, Job{Name: fmt.Sprintf("a%05d", k), Queue: "a", Priority: 50, Preemptible: true, CreatedAt: time.Unix(int64(k), 0),
+				Pods: []Pod{{Name: fmt.Sprintf("a%05d", k), Request: Request{GPUs: 1}, Phase: PodRunning, Placement: Placement{Node: n.Name, GPUs: []int{g}}}}})
+			k++
+		}
+	}
+	return s
+}
+
+// benchGangSnapshot: a full cluster and one pending gang of 64 × 8 GPUs in
+// queue b (fair share 512 GPUs).
+func benchGangSnapshot(nodeCount int) *Snapshot {
+	s := fullCluster(nodeCount, 8)
+	s.Queues = append(s.Queues, queue("b", "", 0, -1, 1))
+	g := Job{Name: "gang", Queue: "b", Priority: 50, Preemptible: true, MinMember: 64, CreatedAt: time.Unix(1e6, 0)}
+	for i := 0; i < 64; i++ {
+		g.Pods = append(g.Pods, Pod{Name: fmt.Sprintf("gang-%02d", i), Request: Request{GPUs: 8, NVLink: NVLinkRequired}})
+	}
+	s.Jobs = append(s.Jobs, g)
+	return s
+}
+
+// benchReclaimSnapshot: a full cluster of queue a; queue b, with a quota of
+// the whole cluster, has one pending one-GPU pod per GPU.
+func benchReclaimSnapshot(nodeCount, gpus int) *Snapshot {
+	s := fullCluster(nodeCount, gpus)
+	total := nodeCount * gpus
+	s.Queues = append(s.Queues, queue("b", "", int64(total), -1, 1))
+	for i := 0; i < total; i++ {
+		s.Jobs = append(s.Jobs, Job{Name: fmt.Sprintf("b%05d", i), Queue: "b", Priority: 50, Preemptible: true, CreatedAt: time.Unix(int64(1e6+i), 0),
+			Pods: []Pod{{Name: fmt.Sprintf("b%05d", i), Request: Request{GPUs: 1}}}})
+	}
+	return s
+}
+
+func TestBenchSnapshotsDoWhatTheySay(t *testing.T) {
+	if testing.Short() {
+		t.Skip("large")
+	}
+	r := mustSchedule(t, benchAllocateSnapshot(1000, 8, 10000), Config{})
+	if len(r.Binds) != 8000 {
+		t.Fatalf("allocate: %d binds, want 8000", len(r.Binds))
+	}
+	r = mustSchedule(t, benchGangSnapshot(1000), Config{})
+	if countBinds(r, "gang") != 64 || len(r.Evictions) != 512 {
+		t.Fatalf("gang: %d binds, %d evictions; want 64 and 512", countBinds(r, "gang"), len(r.Evictions))
+	}
+	r = mustSchedule(t, benchReclaimSnapshot(500, 8), Config{})
+	if len(r.Evictions) != 4000 || len(r.Binds) != 4000 {
+		t.Fatalf("reclaim: %d binds, %d evictions; want 4000 each", len(r.Binds), len(r.Evictions))
+	}
+}
+
+func benchSchedule(b *testing.B, s *Snapshot) {
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := Schedule(s, Config{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCycle1000x8Allocate10000: a full cycle, 1,000 nodes × 8 GPUs,
+// 10,000 pending one-GPU pods (target ≤ 200 ms).
+func BenchmarkCycle1000x8Allocate10000(b *testing.B) {
+	benchSchedule(b, benchAllocateSnapshot(1000, 8, 10000))
+}
+
+// BenchmarkReclaimGang512At1000Full: one pending 512-GPU gang at 1,000 full
+// nodes (target ≤ 1 s).
+func BenchmarkReclaimGang512At1000Full(b *testing.B) {
+	benchSchedule(b, benchGangSnapshot(1000))
+}
+
+// BenchmarkReclaim4000At500: a cycle that reclaims 4,000 one-GPU pods at 500
+// nodes (target ≤ 2 s).
+func BenchmarkReclaim4000At500(b *testing.B) {
+	benchSchedule(b, benchReclaimSnapshot(500, 8))
+}

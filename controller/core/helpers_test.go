@@ -1,0 +1,111 @@
+package core
+
+import (
+	"fmt"
+	"time"
+)
+
+const gi = int64(1) << 30
+
+// node builds a node with n GPUs of 80Gi on one NVLink domain.
+func node(name string, n int) Node {
+	nd := Node{Name: name, CPU: 64000, Memory: 512 * gi}
+	for i := 0; i < n; i++ {
+		nd.GPUs = append(nd.GPUs, GPU{Index: i, Memory: 80 * gi, Model: "H100", NVLinkDomain: "nv0"})
+	}
+	return nd
+}
+
+func nodes(prefix string, count, gpus int) []Node {
+	var out []Node
+	for i := 0; i < count; i++ {
+		out = append(out, node(fmt.Sprintf("%s-%d", prefix, i), gpus))
+	}
+	return out
+}
+
+// queue builds a leaf or parent queue with a GPU quota/limit/weight.
+func queue(name, parent string, quota, limit, weight int64) Queue {
+	q := NewQueue(name, parent)
+	if quota > 0 {
+		quota *= 1000
+	}
+	if limit > 0 {
+		limit *= 1000
+	}
+	q.Resources[ResGPU] = QueueResource{Quota: quota, Limit: limit, OverQuotaWeight: weight}
+	return q
+}
+
+// job builds a job of count pods of gpus GPUs each; running pods are placed
+// on the given nodes, one pod per entry, on consecutive free GPUs.
+func job(name, q string, prio int32, count, gpus int, created int) Job {
+	j := Job{Name: name, Queue: q, Priority: prio, Preemptible: true, CreatedAt: time.Unix(int64(created), 0)}
+	for i := 0; i < count; i++ {
+		j.Pods = append(j.Pods, Pod{Name: fmt.Sprintf("%s-%d", name, i), Request: Request{GPUs: gpus}, Phase: PodPending})
+	}
+	return j
+}
+
+// running marks pod i of j as running on node at GPUs.
+func running(j Job, i int, node string, gpus ...int) Job {
+	j.Pods[i].Phase = PodRunning
+	j.Pods[i].Placement = Placement{Node: node, GPUs: gpus}
+	return j
+}
+
+// fillNodes places every pod of j (one GPU each) onto the nodes in order.
+func fillNodes(j Job, ns []Node) Job {
+	k := 0
+	for _, n := range ns {
+		for g := range n.GPUs {
+			if k == len(j.Pods) {
+				return j
+			}
+			j = running(j, k, n.Name, g)
+			k++
+		}
+	}
+	return j
+}
+
+func mustSchedule(t interface {
+	Fatalf(string, ...any)
+	Helper()
+}, s *Snapshot, cfg Config) *Result {
+	t.Helper()
+	r, err := Schedule(s, cfg)
+	if err != nil {
+		t.Fatalf("schedule: %v", err)
+	}
+	return r
+}
+
+func countBinds(r *Result, jobName string) int {
+	n := 0
+	for _, b := range r.Binds {
+		if b.Job == jobName {
+			n++
+		}
+	}
+	return n
+}
+
+func countEvictions(r *Result, jobName string) int {
+	n := 0
+	for _, e := range r.Evictions {
+		if e.Job == jobName {
+			n++
+		}
+	}
+	return n
+}
+
+func pendingReason(r *Result, pod string) string {
+	for _, p := range r.Pending {
+		if p.Pod == pod {
+			return p.Reason
+		}
+	}
+	return ""
+}
