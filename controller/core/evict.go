@@ -123,7 +123,7 @@ func (s *session) placeEvicting(p *podState, pol *evictPolicy) bool {
 		cp := s.checkpoint()
 		pl, rank, count := s.tryNode(p, n, pol)
 		if pl != nil {
-			sc := s.scorer.score(p, pl)
+			sc := s.scorePlan(p, pl)
 			if best == nil || rank < bestRank || rank == bestRank && (count < bestCount || count == bestCount && sc > bestScore) {
 				best, bestRank, bestCount, bestScore = n, rank, count, sc
 			}
@@ -389,17 +389,8 @@ func (s *session) consolidate() {
 
 // fitsFree says whether req fits the cluster's total free capacity.
 func (s *session) fitsFree(req Resources) bool {
-	var free Resources
-	for _, n := range s.nodes {
-		if n.unschedulable {
-			continue
-		}
-		free[ResGPU] += n.freeMilli
-		free[ResCPU] += n.cpu - n.usedCPU
-		free[ResMemory] += n.mem - n.usedMem
-	}
 	for r := range req {
-		if req[r] > free[r] {
+		if req[r] > s.free[r] {
 			return false
 		}
 	}

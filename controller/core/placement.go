@@ -17,44 +17,43 @@ type plan struct {
 	brokeWhole bool
 }
 
-// scorer rates a feasible plan; higher is better. It is the seam where a
-// fragmentation-aware scorer (controller/packing) can replace the default.
+// scorer rates placing a pod on a node; higher is better. used is the
+// milli-GPU the pod takes there; brokeWhole is set when a fraction starts a
+// GPU nobody used. It is the seam where a fragmentation-aware scorer
+// (controller/packing) can replace the default.
 type scorer interface {
-	score(p *podState, pl *plan) int64
+	score(p *podState, n *nodeState, used int64, brokeWhole bool) int64
 }
 
 // binPackScorer fills the fullest node first, so whole nodes stay free for
-// big gangs, and avoids breaking a free GPU for a fraction when a partly
-// used one on the same node would do.
+// big gangs; within a node the fraction penalty keeps free GPUs whole.
 type binPackScorer struct{}
 
-func (binPackScorer) score(p *podState, pl *plan) int64 {
-	return -freeAfter(pl)
+func (binPackScorer) score(p *podState, n *nodeState, used int64, broke bool) int64 {
+	return -(n.freeMilli - used + fragPenalty(broke))
 }
 
 // spreadScorer places on the emptiest node first.
 type spreadScorer struct{}
 
-func (spreadScorer) score(p *podState, pl *plan) int64 {
-	return freeAfter(pl) - 2*fragPenalty(pl)
+func (spreadScorer) score(p *podState, n *nodeState, used int64, broke bool) int64 {
+	return n.freeMilli - used - fragPenalty(broke)
 }
 
-// freeAfter is the node's free milli-GPU after the plan, plus a penalty for
-// turning a free GPU into a fractional one (fragmentation), so that both
-// policies prefer partly used GPUs for fractions within a node.
-func freeAfter(pl *plan) int64 {
-	f := pl.node.freeMilli + fragPenalty(pl)
-	for _, m := range pl.milli {
-		f -= m
-	}
-	return f
-}
-
-func fragPenalty(pl *plan) int64 {
-	if pl.brokeWhole {
+// fragPenalty charges a fraction for turning a free GPU into a shared one.
+func fragPenalty(broke bool) int64 {
+	if broke {
 		return 500
 	}
 	return 0
+}
+
+func (s *session) scorePlan(p *podState, pl *plan) int64 {
+	var used int64
+	for _, m := range pl.milli {
+		used += m
+	}
+	return s.scorer.score(p, pl.node, used, pl.brokeWhole)
 }
 
 // failKind says why a pod does not fit a node, most fundamental first.
@@ -245,8 +244,37 @@ func fractionOn(r *Request, g *gpuState) (milli, mem int64) {
 	return memMilli(r.GPUMemory, g.memory), r.GPUMemory
 }
 
-// bestNode returns the best plan for p over all nodes, or nil.
+// bestNode returns the best plan for p over all nodes, or nil. For whole
+// GPUs the score depends on the node alone, so only the winner's GPUs are
+// chosen; the scan itself allocates nothing.
 func (s *session) bestNode(p *podState) *plan {
+	r := &p.req
+	if r.IsFraction() || (r.GPUs > 1 && r.NVLink == NVLinkRequired) || len(p.models) > 0 {
+		return s.bestNodeSlow(p)
+	}
+	used := int64(r.GPUs) * 1000
+	var best *nodeState
+	var bestScore int64
+	for _, n := range s.nodes {
+		if n.freeWhole < r.GPUs || n.usedCPU+r.CPU > n.cpu || n.usedMem+r.Memory > n.mem {
+			continue
+		}
+		if n.unschedulable || (len(p.selector) > 0 && staticFit(p, n) != fitOK) {
+			continue
+		}
+		sc := s.scorer.score(p, n, used, false)
+		if best == nil || sc > bestScore {
+			best, bestScore = n, sc
+		}
+	}
+	if best == nil {
+		return nil
+	}
+	pl, _, _ := fitOnNode(p, best)
+	return pl
+}
+
+func (s *session) bestNodeSlow(p *podState) *plan {
 	var best *plan
 	var bestScore int64
 	for _, n := range s.nodes {
@@ -257,7 +285,7 @@ func (s *session) bestNode(p *podState) *plan {
 		if why != fitOK {
 			continue
 		}
-		sc := s.scorer.score(p, pl)
+		sc := s.scorePlan(p, pl)
 		if best == nil || sc > bestScore {
 			best, bestScore = pl, sc
 		}

@@ -46,27 +46,27 @@ func Schedule(snap *Snapshot, cfg Config) (*Result, error) {
 // result turns the committed log into decisions: each pod whose final state
 // differs from the snapshot's, in the order of its last change.
 func (s *session) result(res *Result) {
-	last := map[*podState]int{}
-	lastDetach := map[*podState]int{}
-	for i, o := range s.log {
-		last[o.pod] = i
-		if !o.attach {
-			lastDetach[o.pod] = i
+	// Each pod's last operation and last eviction, in log order.
+	var changed []*podState
+	for i := range s.log {
+		p := s.log[i].pod
+		if p.lastOp < 0 {
+			changed = append(changed, p)
+		}
+		p.lastOp = i
+		if !s.log[i].attach {
+			p.lastDetach = i
 		}
 	}
-	changed := make([]*podState, 0, len(last))
-	for p := range last {
-		changed = append(changed, p)
-	}
-	slices.SortFunc(changed, func(a, b *podState) int { return last[a] - last[b] })
+	slices.SortFunc(changed, func(a, b *podState) int { return a.lastOp - b.lastOp })
 	for _, p := range changed {
-		o := &s.log[last[p]]
+		o := &s.log[p.lastOp]
 		wasPlaced := p.origNode != nil && p.phase != PodReleasing
 		switch {
 		case wasPlaced && p.atOrig:
 			// Evicted and put back within one plan: no decision.
 		case wasPlaced:
-			d := &s.log[lastDetach[p]]
+			d := &s.log[p.lastDetach]
 			ev := Eviction{Pod: p.name, Job: p.job.name, Node: p.origNode.name, Action: d.action, Reason: d.reason}
 			if p.node != nil {
 				pl := s.export(p)

@@ -50,19 +50,21 @@ type podState struct {
 	// while pending and exact once placed.
 	res Resources
 	// Live placement; node is nil when not placed.
-	node      *nodeState
-	gpus      []int // positions in node.gpus
-	gpuMilli  []int64
-	gpuMem    []int64
-	sharing   Sharing
-	origNode  *nodeState
-	origGPUs  []int
-	origRes   Resources
-	atOrig    bool // placed at its original placement
-	rank      int  // position in the global victim order; -1 if none
-	reason    string
-	shape     string
-	preferred bool // pending candidate this cycle
+	node       *nodeState
+	gpus       []int // positions in node.gpus
+	gpuMilli   []int64
+	gpuMem     []int64
+	sharing    Sharing
+	origNode   *nodeState
+	origGPUs   []int
+	origRes    Resources
+	atOrig     bool // placed at its original placement
+	rank       int  // position in the global victim order; -1 if none
+	lastOp     int  // index in the log of the last operation on it; -1 if none
+	lastDetach int
+	reason     string
+	shape      string
+	preferred  bool // pending candidate this cycle
 }
 
 type jobState struct {
@@ -125,6 +127,7 @@ type session struct {
 	jobs      []*jobState // sorted by name
 	pods      []*podState
 	capacity  Resources
+	free      Resources // schedulable free capacity, live
 	maxGPUMem int64
 	victims   []*podState // global victim order
 	log       []op
@@ -180,6 +183,13 @@ func (s *session) place(p *podState, n *nodeState, gpus []int, milli, mem []int6
 	p.atOrig = n == p.origNode && slices.Equal(gpus, p.origGPUs)
 	n.usedCPU += p.req.CPU
 	n.usedMem += p.req.Memory
+	if !n.unschedulable {
+		s.free[ResCPU] -= p.req.CPU
+		s.free[ResMemory] -= p.req.Memory
+		for _, m := range milli {
+			s.free[ResGPU] -= m
+		}
+	}
 	for i, gi := range gpus {
 		g := &n.gpus[gi]
 		if g.pods == 0 {
@@ -205,6 +215,13 @@ func (s *session) unplace(p *podState) {
 	n := p.node
 	n.usedCPU -= p.req.CPU
 	n.usedMem -= p.req.Memory
+	if !n.unschedulable {
+		s.free[ResCPU] += p.req.CPU
+		s.free[ResMemory] += p.req.Memory
+		for _, m := range p.gpuMilli {
+			s.free[ResGPU] += m
+		}
+	}
 	for i, gi := range p.gpus {
 		g := &n.gpus[gi]
 		g.pods--
@@ -282,6 +299,11 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 		s.capacity[ResGPU] += ns.freeMilli
 		s.capacity[ResCPU] += n.CPU
 		s.capacity[ResMemory] += n.Memory
+		if !n.Unschedulable {
+			s.free[ResGPU] += ns.freeMilli
+			s.free[ResCPU] += n.CPU
+			s.free[ResMemory] += n.Memory
+		}
 		s.nodes = append(s.nodes, ns)
 		s.nodeByN[n.Name] = ns
 	}
@@ -403,7 +425,7 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 	if r.NVLink == "" {
 		r.NVLink = NVLinkPreferred
 	}
-	ps := &podState{name: p.Name, job: j, req: r, selector: p.NodeSelector, models: p.GPUModels, phase: p.Phase, rank: -1}
+	ps := &podState{name: p.Name, job: j, req: r, selector: p.NodeSelector, models: p.GPUModels, phase: p.Phase, rank: -1, lastOp: -1}
 	ps.res[ResCPU], ps.res[ResMemory] = r.CPU, r.Memory
 	switch {
 	case r.GPUs > 0:
