@@ -537,6 +537,9 @@ func (f *Fake) Recover(index int) error {
 
 // ComputeMode is the compute mode last set on GPU index.
 func (f *Fake) ComputeMode(index int) ComputeMode {
+	if f.checkIndex(index) != nil {
+		return ComputeModeDefault
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.state[index].computeMode == nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
@@ -545,8 +548,11 @@ func (f *Fake) ComputeMode(index int) ComputeMode {
 	return ComputeModeDefault
 }
 
-// TimeSlice is the time-slice interval last set on GPU index.
+// TimeSlice is the time-slice interval last set on GPU index ("" for no such GPU).
 func (f *Fake) TimeSlice(index int) TimeSliceInterval {
+	if f.checkIndex(index) != nil {
+		return ""
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.state[index].timeSlice
