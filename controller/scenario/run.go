@@ -275,6 +275,9 @@ func (r *runner) cycle(c int, now time.Time) error {
 			p.state = StateNominated
 		} else {
 			p.state = "evicting"
+			// The core saw it running, so it gives no pending reason this
+			// cycle; the eviction is the reason.
+			p.reason = fmt.Sprintf("evicted (%s): %s", e.Action, e.Reason)
 		}
 	}
 	for _, b := range res.Binds {
@@ -319,7 +322,9 @@ func (r *runner) cycle(c int, now time.Time) error {
 		if p.state != StatePending {
 			continue
 		}
-		p.reason = reasons[p.spec.Name]
+		if reason, ok := reasons[p.spec.Name]; ok || !strings.HasPrefix(p.reason, "evicted (") {
+			p.reason = reason
+		}
 		if p.reason == "" {
 			problems = append(problems, fmt.Sprintf("pod %s is pending without a reason", p.spec.Name))
 		}
