@@ -1,0 +1,233 @@
+// Command tessera-node is Tessera's node agent: the DRA kubelet plugin for
+// gpu.tessera.dev (ResourceSlices, Prepare/Unprepare through CDI, MPS and
+// time-slicing enforcement, crash-safe checkpoint), with Prometheus metrics
+// and health endpoints.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/api/config/v1alpha1"
+	"github.com/tessera-gpu/tessera/cdi"
+	"github.com/tessera-gpu/tessera/driver"
+	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/sharing"
+)
+
+// Test hook: exit right after the "preparing" checkpoint write, so the
+// end-to-end test can kill the agent between its two checkpoint writes.
+const envCrashAfterPreparing = "TESSERA_TEST_CRASH_AFTER_PREPARING"
+
+type config struct {
+	nodeName          string
+	kubeconfig        string
+	registrarDir      string
+	pluginDataDir     string
+	cdiRoot           string
+	driverRoot        string
+	hostDriverRoot    string
+	fakeGPUs          string
+	mode              string
+	mps               bool
+	mpsRoot           string
+	mpsControl        string
+	httpAddr          string
+	recoverCheckpoint bool
+	bootIDPath        string
+}
+
+// env returns the environment's value for a flag: TESSERA_<FLAG> with dashes
+// as underscores (--node-name ↔ TESSERA_NODE_NAME); NODE_NAME too, as the
+// downward API usually sets it.
+func envName(flagName string) string {
+	return "TESSERA_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func main() {
+	klog.InitFlags(nil)
+	var c config
+	fs := flag.CommandLine
+	fs.StringVar(&c.nodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node (also env NODE_NAME)")
+	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file; in-cluster config when empty")
+	fs.StringVar(&c.registrarDir, "kubelet-registrar-dir", kubeletplugin.KubeletRegistryDir, "kubelet plugin registry directory")
+	fs.StringVar(&c.pluginDataDir, "kubelet-plugin-dir", kubeletplugin.KubeletPluginsDir+"/"+driver.DriverName, "plugin data directory (DRA socket, checkpoint)")
+	fs.StringVar(&c.cdiRoot, "cdi-root", cdi.DefaultRoot, "directory for CDI specs")
+	fs.StringVar(&c.driverRoot, "driver-root", "/", "where this process sees the NVIDIA driver installation")
+	fs.StringVar(&c.hostDriverRoot, "host-driver-root", "/", "where the container runtime sees the NVIDIA driver installation")
+	fs.StringVar(&c.fakeGPUs, "fake-gpus", "", "fake GPU profile (e.g. h100-sxm-8, a100-pcie-4, l4-2, or a YAML file) instead of NVML")
+	fs.StringVar(&c.mode, "sharing-mode", "", "fix the sharing mode of every GPU: Exclusive, MPS or TimeSlicing (empty: claims choose)")
+	fs.BoolVar(&c.mps, "mps", true, "offer MPS sharing (runs nvidia-cuda-mps-control per GPU)")
+	fs.StringVar(&c.mpsRoot, "mps-root", sharing.DefaultMPSRoot, "parent of the per-GPU MPS pipe and log directories")
+	fs.StringVar(&c.mpsControl, "mps-control", sharing.DefaultMPSControl, "MPS control program")
+	fs.StringVar(&c.httpAddr, "http-address", ":8080", "address for /metrics, /healthz and /readyz (empty: off)")
+	fs.BoolVar(&c.recoverCheckpoint, "recover-checkpoint", false, "move an unreadable checkpoint aside and start with no prepared claims (see driver/README.md)")
+	fs.StringVar(&c.bootIDPath, "boot-id-path", driver.DefaultBootIDPath, "file holding the node's boot ID")
+	fs.Parse(os.Args[1:])
+	if err := applyEnv(fs); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, c); err != nil {
+		klog.ErrorS(err, "tessera-node failed")
+		klog.Flush()
+		os.Exit(1)
+	}
+	klog.Flush()
+}
+
+// applyEnv sets every flag not given on the command line from its
+// TESSERA_* environment variable, so the DaemonSet can use either.
+func applyEnv(fs *flag.FlagSet) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] {
+			return
+		}
+		if v, ok := os.LookupEnv(envName(f.Name)); ok {
+			if err := f.Value.Set(v); err != nil {
+				errs = append(errs, fmt.Errorf("env %s: %w", envName(f.Name), err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+func run(ctx context.Context, c config) error {
+	logger := klog.FromContext(ctx)
+	if c.nodeName == "" {
+		return errors.New("--node-name (or NODE_NAME) is required")
+	}
+	restConfig, err := loadConfig(c.kubeconfig)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(restConfig)
+	if err != nil {
+		return fmt.Errorf("creating Kubernetes client: %w", err)
+	}
+
+	var inv gpu.Inventory
+	if c.fakeGPUs != "" {
+		fake, err := gpu.NewFake(c.fakeGPUs, c.nodeName)
+		if err != nil {
+			return err
+		}
+		inv = fake
+	} else {
+		nv, err := gpu.NewNVML()
+		if err != nil {
+			return fmt.Errorf("NVML (use --fake-gpus on nodes without GPUs): %w", err)
+		}
+		inv = nv
+	}
+	defer inv.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	opts := driver.Options{
+		NodeName:      c.nodeName,
+		KubeClient:    client,
+		Inventory:     inv,
+		RegistrarDir:  c.registrarDir,
+		PluginDataDir: c.pluginDataDir,
+		CDI: cdi.Options{
+			Root:           c.cdiRoot,
+			Fake:           c.fakeGPUs != "",
+			DriverRoot:     c.driverRoot,
+			HostDriverRoot: c.hostDriverRoot,
+		},
+		Mode:              v1alpha1.SharingStrategy(c.mode),
+		RecoverCheckpoint: c.recoverCheckpoint,
+		BootIDPath:        c.bootIDPath,
+		Registerer:        reg,
+	}
+	if c.mps {
+		opts.MPS = &sharing.MPSOptions{Root: c.mpsRoot, Control: c.mpsControl}
+	}
+	if crash, _ := strconv.ParseBool(os.Getenv(envCrashAfterPreparing)); crash {
+		opts.AfterPreparingHook = func(uids []string) {
+			logger.Info("Test hook: exiting between the two checkpoint writes", "claims", uids)
+			klog.Flush()
+			os.Exit(3)
+		}
+	}
+
+	start := time.Now()
+	d, err := driver.Start(ctx, opts)
+	if err != nil {
+		return err
+	}
+	logger.Info("Started", "node", c.nodeName, "fakeGPUs", c.fakeGPUs, "duration", time.Since(start))
+
+	var srv *http.Server
+	if c.httpAddr != "" {
+		ln, err := net.Listen("tcp", c.httpAddr)
+		if err != nil {
+			d.Stop()
+			return fmt.Errorf("listening on %s: %w", c.httpAddr, err)
+		}
+		srv = &http.Server{Handler: d.HTTPHandler(reg), ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				logger.Error(err, "HTTP server")
+			}
+		}()
+		logger.Info("Serving metrics and health", "address", ln.Addr().String())
+	}
+
+	select {
+	case <-ctx.Done():
+		logger.Info("Shutting down", "reason", context.Cause(ctx))
+	case <-d.Done():
+	}
+	failure := d.Err()
+	if ctx.Err() != nil {
+		failure = nil
+	}
+	if srv != nil {
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = srv.Shutdown(shutdownCtx)
+		cancel()
+	}
+	d.Stop()
+	return failure
+}
+
+func loadConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		cfg, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("in-cluster config (pass --kubeconfig outside a cluster): %w", err)
+		}
+		return cfg, nil
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfig, err)
+	}
+	return cfg, nil
+}

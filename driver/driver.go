@@ -1,0 +1,750 @@
+// Package driver is Tessera's DRA kubelet plugin for gpu.tessera.dev: it
+// publishes the node's GPUs as ResourceSlice devices, and prepares and
+// unprepares ResourceClaims for containers (sharing setup through the
+// sharing package, one CDI spec per claim through the cdi package), keeping
+// a crash-safe checkpoint of what it prepared.
+package driver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/api/config/v1alpha1"
+	"github.com/tessera-gpu/tessera/cdi"
+	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/sharing"
+)
+
+// DriverName is the DRA driver name (DESIGN.md, Names).
+const DriverName = "gpu.tessera.dev"
+
+// DefaultBootIDPath is where Linux exposes the boot ID.
+const DefaultBootIDPath = "/proc/sys/kernel/random/boot_id"
+
+// Options configure the plugin.
+type Options struct {
+	NodeName   string
+	KubeClient kubernetes.Interface
+	Inventory  gpu.Inventory
+
+	// RegistrarDir is the kubelet's plugin registry directory
+	// (kubeletplugin.KubeletRegistryDir when empty).
+	RegistrarDir string
+	// PluginDataDir holds the DRA socket and the checkpoint
+	// (<kubeletplugin.KubeletPluginsDir>/gpu.tessera.dev when empty).
+	PluginDataDir string
+	// CDI configures the CDI spec writer (root, fake mode, driver roots).
+	CDI cdi.Options
+	// MPS configures MPS daemons; nil disables MPS on this node.
+	MPS *sharing.MPSOptions
+	// Mode, when set, fixes the sharing mode of every GPU of the node: it is
+	// published as the mode attribute and claims in another mode are refused.
+	Mode v1alpha1.SharingStrategy
+
+	// CheckpointPath overrides <PluginDataDir>/checkpoint.json.
+	CheckpointPath string
+	// BootIDPath overrides DefaultBootIDPath.
+	BootIDPath string
+	// RecoverCheckpoint moves an unreadable (corrupt or newer-version)
+	// checkpoint aside instead of refusing to start; see README.md.
+	RecoverCheckpoint bool
+
+	// Registerer receives the metrics; nil means none.
+	Registerer prometheus.Registerer
+
+	// AfterPreparingHook, when set, runs after the "preparing" checkpoint is
+	// written and before anything is done; tests use it to crash there.
+	AfterPreparingHook func(claimUIDs []string)
+}
+
+// Driver is a running plugin.
+type Driver struct {
+	opts    Options
+	store   checkpointStore
+	bootID  string
+	cdi     *cdi.Writer
+	sharing *sharing.Manager
+	metrics *metrics
+	helper  *kubeletplugin.Helper
+
+	// devices by device name and by UUID; fixed for the process' life.
+	devices map[string]gpu.Device
+	byUUID  map[string]gpu.Device
+	sorted  []gpu.Device
+
+	// mu guards the checkpoint and what is derived from it.
+	mu   sync.Mutex
+	ckpt *Checkpoint
+
+	healthMu sync.Mutex
+	health   Health
+
+	ready     atomic.Bool
+	published atomic.Bool
+	ctx       context.Context
+	cancel    context.CancelCauseFunc
+	wg        sync.WaitGroup
+}
+
+var _ kubeletplugin.DRAPlugin = &Driver{}
+
+// Start restores the checkpoint, starts the kubelet plugin sockets and
+// publishes the node's GPUs. Stop (or cancelling ctx) stops it.
+func Start(ctx context.Context, opts Options) (*Driver, error) {
+	if opts.NodeName == "" {
+		return nil, errors.New("node name is required")
+	}
+	if opts.Inventory == nil {
+		return nil, errors.New("GPU inventory is required")
+	}
+	if opts.KubeClient == nil {
+		return nil, errors.New("Kubernetes client is required")
+	}
+	if opts.Mode != "" && !oneOfStrategies(opts.Mode) {
+		return nil, fmt.Errorf("sharing mode %q: want one of Exclusive, MPS, TimeSlicing", opts.Mode)
+	}
+	if opts.RegistrarDir == "" {
+		opts.RegistrarDir = kubeletplugin.KubeletRegistryDir
+	}
+	if opts.PluginDataDir == "" {
+		opts.PluginDataDir = filepath.Join(kubeletplugin.KubeletPluginsDir, DriverName)
+	}
+	if opts.CheckpointPath == "" {
+		opts.CheckpointPath = filepath.Join(opts.PluginDataDir, CheckpointFile)
+	}
+	if opts.BootIDPath == "" {
+		opts.BootIDPath = DefaultBootIDPath
+	}
+	for _, dir := range []string{opts.RegistrarDir, opts.PluginDataDir} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return nil, fmt.Errorf("creating %s: %w", dir, err)
+		}
+	}
+	logger := klog.FromContext(ctx)
+
+	d := &Driver{opts: opts, store: checkpointStore{path: opts.CheckpointPath}, health: Health{}}
+	var err error
+	if d.bootID, err = ReadBootID(opts.BootIDPath); err != nil {
+		return nil, err
+	}
+
+	devs, err := opts.Inventory.Devices()
+	if err != nil {
+		return nil, fmt.Errorf("listing GPUs: %w", err)
+	}
+	d.sorted = devs
+	d.devices = make(map[string]gpu.Device, len(devs))
+	d.byUUID = make(map[string]gpu.Device, len(devs))
+	for _, g := range devs {
+		d.devices[DeviceName(g.Index)] = g
+		d.byUUID[g.UUID] = g
+	}
+
+	if d.cdi, err = cdi.New(opts.CDI); err != nil {
+		return nil, fmt.Errorf("CDI: %w", err)
+	}
+	var mps *sharing.MPSManager
+	if opts.MPS != nil {
+		mps = sharing.NewMPSManager(opts.Inventory, *opts.MPS)
+	}
+	d.sharing = sharing.NewManager(opts.Inventory, mps)
+	d.metrics = newMetrics(opts.Registerer, func() float64 { return float64(d.sharing.MPSDaemons()) })
+	for _, g := range devs {
+		d.metrics.gpuHealthy.WithLabelValues(DeviceName(g.Index), g.UUID).Set(1)
+	}
+
+	d.ctx, d.cancel = context.WithCancelCause(ctx)
+	if err := d.restore(d.ctx); err != nil {
+		d.cancel(err)
+		return nil, err
+	}
+	if mps != nil {
+		d.wg.Add(1)
+		go func() { defer d.wg.Done(); mps.Supervise(d.ctx) }()
+	}
+
+	d.helper, err = kubeletplugin.Start(d.ctx, d,
+		kubeletplugin.DriverName(DriverName),
+		kubeletplugin.KubeClient(opts.KubeClient),
+		kubeletplugin.NodeName(opts.NodeName),
+		kubeletplugin.RegistrarDirectoryPath(opts.RegistrarDir),
+		kubeletplugin.PluginDataDirectoryPath(opts.PluginDataDir),
+	)
+	if err != nil {
+		d.cancel(err)
+		d.wg.Wait()
+		return nil, fmt.Errorf("starting kubelet plugin: %w", err)
+	}
+
+	// Subscribe before the first publish so no health change is missed.
+	events := opts.Inventory.Health(d.ctx)
+	if err := d.publish(d.ctx); err != nil {
+		d.Stop()
+		return nil, err
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.watchHealth(d.ctx, events)
+	}()
+	d.ready.Store(true)
+	logger.Info("Tessera DRA plugin started", "node", opts.NodeName, "gpus", len(devs), "checkpoint", opts.CheckpointPath, "preparedClaims", len(d.ckpt.Claims))
+	return d, nil
+}
+
+func oneOfStrategies(s v1alpha1.SharingStrategy) bool {
+	for _, v := range v1alpha1.Strategies {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Stop stops the plugin's sockets, publishing and health watch. Prepared
+// claims, their CDI specs and MPS daemons stay: they outlive a restart.
+func (d *Driver) Stop() {
+	d.ready.Store(false)
+	d.cancel(errors.New("tessera-node stopping"))
+	d.helper.Stop()
+	d.wg.Wait()
+}
+
+// Done is closed when the plugin stopped, on Stop or a fatal error.
+func (d *Driver) Done() <-chan struct{} { return d.ctx.Done() }
+
+// Err is why the plugin stopped.
+func (d *Driver) Err() error { return context.Cause(d.ctx) }
+
+// HandleError implements kubeletplugin.DRAPlugin: recoverable background
+// errors are logged, others stop the plugin.
+func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	runtime.HandleErrorWithContext(ctx, err, msg)
+	if !errors.Is(err, kubeletplugin.ErrRecoverable) {
+		d.cancel(fmt.Errorf("%s: %w", msg, err))
+	}
+}
+
+// publish sends the current devices to the ResourceSlice controller.
+func (d *Driver) publish(ctx context.Context) error {
+	d.healthMu.Lock()
+	devices := BuildDevices(d.sorted, d.health, string(d.opts.Mode))
+	d.healthMu.Unlock()
+	if err := d.helper.PublishResources(ctx, Resources(d.opts.NodeName, devices)); err != nil {
+		return fmt.Errorf("publishing ResourceSlices: %w", err)
+	}
+	d.published.Store(true)
+	return nil
+}
+
+func (d *Driver) watchHealth(ctx context.Context, events <-chan gpu.HealthEvent) {
+	logger := klog.FromContext(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-events:
+			if !ok {
+				return
+			}
+			g, known := d.byUUID[ev.UUID]
+			if !known {
+				continue
+			}
+			d.healthMu.Lock()
+			old, had := d.health[ev.UUID]
+			changed := (had && old.Healthy != ev.Healthy) || (!had && !ev.Healthy) || (had && !ev.Healthy && old.XID != ev.XID)
+			if ev.Healthy {
+				delete(d.health, ev.UUID)
+			} else {
+				d.health[ev.UUID] = ev
+			}
+			d.healthMu.Unlock()
+			if !changed {
+				continue
+			}
+			healthy := 0.0
+			if ev.Healthy {
+				healthy = 1
+			}
+			d.metrics.gpuHealthy.WithLabelValues(DeviceName(g.Index), g.UUID).Set(healthy)
+			logger.Info("GPU health changed", "gpu", DeviceName(g.Index), "uuid", ev.UUID, "healthy", ev.Healthy, "reason", ev.Reason)
+			if err := d.publish(ctx); err != nil {
+				logger.Error(err, "Republishing after a health change")
+			}
+		}
+	}
+}
+
+// Ready reports whether the plugin serves and has published its devices.
+func (d *Driver) Ready() bool { return d.ready.Load() && d.published.Load() && d.ctx.Err() == nil }
+
+// HTTPHandler serves /metrics (from gatherer, when not nil), /healthz and
+// /readyz.
+func (d *Driver) HTTPHandler(gatherer prometheus.Gatherer) http.Handler {
+	mux := http.NewServeMux()
+	if gatherer != nil {
+		mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := d.ctx.Err(); err != nil {
+			http.Error(w, "stopped: "+context.Cause(d.ctx).Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !d.Ready() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+// restore loads the checkpoint and brings the node back in line with it:
+// sharing state (MPS daemons are adopted or restarted) and CDI specs of
+// prepared claims, removal of CDI specs of claims it does not know.
+func (d *Driver) restore(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	ckpt, err := d.store.Load(d.bootID)
+	if err != nil {
+		if !d.opts.RecoverCheckpoint {
+			return fmt.Errorf("%w; to start over, run with --recover-checkpoint (env TESSERA_RECOVER_CHECKPOINT=true), "+
+				"which moves the file aside and forgets the claims it recorded (see driver/README.md, \"Checkpoint recovery\")", err)
+		}
+		moved, merr := d.store.MoveAside(time.Now())
+		if merr != nil {
+			return errors.Join(err, merr)
+		}
+		logger.Error(err, "Unreadable checkpoint moved aside; starting with no prepared claims", "movedTo", moved)
+		ckpt = NewCheckpoint(d.bootID)
+	}
+	rebooted := ckpt.BootID != "" && ckpt.BootID != d.bootID
+	if rebooted {
+		logger.Info("Node rebooted since the checkpoint was written; recreating CDI specs and MPS daemons", "checkpointBootID", ckpt.BootID, "bootID", d.bootID)
+	}
+	ckpt.BootID = d.bootID
+	d.ckpt = ckpt
+
+	for _, cl := range ckpt.SortedClaims() {
+		if cl.State != StatePrepared {
+			// Half-done: it keeps its GPU memory; the kubelet's retry
+			// completes it, or its unprepare cleans it up.
+			logger.Info("Claim was being prepared when tessera-node stopped", "claim", klog.KRef(cl.Namespace, cl.Name), "uid", cl.UID)
+			continue
+		}
+		if _, err := d.apply(ctx, cl); err != nil {
+			// Not fatal: the claim stays recorded, and the kubelet's next
+			// prepare retries.
+			logger.Error(err, "Restoring prepared claim", "claim", klog.KRef(cl.Namespace, cl.Name), "uid", cl.UID)
+			cl.State = StatePreparing
+		}
+	}
+	if uids, err := d.cdi.List(); err != nil {
+		logger.Error(err, "Listing CDI specs")
+	} else {
+		for _, uid := range uids {
+			if _, ok := ckpt.Claims[uid]; !ok {
+				logger.Info("Removing CDI spec of an unknown claim", "uid", uid)
+				if err := d.cdi.Remove(uid); err != nil {
+					logger.Error(err, "Removing stale CDI spec", "uid", uid)
+				}
+			}
+		}
+	}
+	if err := d.store.Save(ckpt); err != nil {
+		return err
+	}
+	d.updateMetrics()
+	return nil
+}
+
+// updateMetrics recomputes the gauges derived from the checkpoint. Callers
+// hold d.mu (or are single-threaded at start).
+func (d *Driver) updateMetrics() {
+	prepared := 0
+	used := map[string]uint64{}
+	for _, cl := range d.ckpt.Claims {
+		if cl.State == StatePrepared {
+			prepared++
+		}
+		for _, dev := range cl.Devices {
+			if !dev.AdminAccess {
+				used[dev.GPUUUID] += ledgerMemory(dev, d.byUUID[dev.GPUUUID])
+			}
+		}
+	}
+	d.metrics.preparedClaims.Set(float64(prepared))
+	for _, g := range d.sorted {
+		d.metrics.memoryAllocated.WithLabelValues(DeviceName(g.Index), g.UUID).Set(float64(used[g.UUID]))
+	}
+}
+
+// ledgerMemory is the memory a device entry holds: an exclusive claim holds
+// the whole GPU whatever it asked for, since nobody may share it.
+func ledgerMemory(dev DeviceCheckpoint, g gpu.Device) uint64 {
+	if dev.Strategy == string(v1alpha1.Exclusive) && g.MemoryBytes > 0 {
+		return g.MemoryBytes
+	}
+	return dev.MemoryBytes
+}
+
+// PrepareResourceClaims implements kubeletplugin.DRAPlugin.
+//
+// For the whole batch: plan and check every claim, write the checkpoint
+// with the new claims "preparing", set up sharing and write CDI specs, then
+// write the checkpoint with them "prepared". Two checkpoint writes per
+// batch, not per claim, keep a pod with many claims fast.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	logger := klog.FromContext(ctx)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+
+	start := time.Now()
+	result := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	var pending []*ClaimCheckpoint
+	for _, claim := range claims {
+		uid := string(claim.UID)
+		if cl, ok := d.ckpt.Claims[uid]; ok && cl.State == StatePrepared {
+			// Idempotent: the kubelet asks again after its own restart.
+			result[claim.UID] = kubeletplugin.PrepareResult{Devices: resultDevices(cl)}
+			continue
+		}
+		cl, err := d.plan(claim)
+		if err == nil {
+			err = d.checkLedger(cl)
+		}
+		if err != nil {
+			logger.Error(err, "Refusing claim", "claim", klog.KObj(claim))
+			d.metrics.prepareErrors.Inc()
+			result[claim.UID] = kubeletplugin.PrepareResult{Err: err}
+			continue
+		}
+		// Entered now so the next claims of the batch see its memory.
+		d.ckpt.Claims[uid] = cl
+		pending = append(pending, cl)
+	}
+	if len(pending) == 0 {
+		return result, nil
+	}
+
+	if err := d.store.Save(d.ckpt); err != nil {
+		for _, cl := range pending {
+			delete(d.ckpt.Claims, cl.UID)
+		}
+		return nil, fmt.Errorf("checkpoint before preparing: %w", err)
+	}
+	if d.opts.AfterPreparingHook != nil {
+		uids := make([]string, len(pending))
+		for i, cl := range pending {
+			uids[i] = cl.UID
+		}
+		d.opts.AfterPreparingHook(uids)
+	}
+
+	for _, cl := range pending {
+		if _, err := d.apply(ctx, cl); err != nil {
+			logger.Error(err, "Preparing claim failed; rolling back", "claim", klog.KRef(cl.Namespace, cl.Name))
+			if uerr := d.undo(ctx, cl); uerr != nil {
+				// Keep the record ("preparing"), so unprepare or a retry
+				// cleans up what could not be undone now.
+				logger.Error(uerr, "Rolling back claim", "claim", klog.KRef(cl.Namespace, cl.Name))
+			} else {
+				delete(d.ckpt.Claims, cl.UID)
+			}
+			d.metrics.prepareErrors.Inc()
+			result[types.UID(cl.UID)] = kubeletplugin.PrepareResult{Err: err}
+			continue
+		}
+		cl.State = StatePrepared
+		cl.Time = time.Now().UTC()
+		result[types.UID(cl.UID)] = kubeletplugin.PrepareResult{Devices: resultDevices(cl)}
+	}
+	if err := d.store.Save(d.ckpt); err != nil {
+		// The work is done but not recorded as such: report failure, the
+		// kubelet retries, and the retry finds "preparing" and redoes it
+		// idempotently.
+		for _, cl := range pending {
+			cl.State = StatePreparing
+		}
+		return nil, fmt.Errorf("checkpoint after preparing: %w", err)
+	}
+	d.updateMetrics()
+	per := time.Since(start).Seconds() / float64(len(pending))
+	for range pending {
+		d.metrics.prepareLatency.WithLabelValues("prepare").Observe(per)
+	}
+	return result, nil
+}
+
+// UnprepareResourceClaims implements kubeletplugin.DRAPlugin.
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	start := time.Now()
+	result := make(map[types.UID]error, len(claims))
+	removed := 0
+	for _, c := range claims {
+		result[c.UID] = nil
+		cl, ok := d.ckpt.Claims[string(c.UID)]
+		if !ok {
+			continue // idempotent: never prepared, or already unprepared
+		}
+		if err := d.undo(ctx, cl); err != nil {
+			result[c.UID] = err
+			continue
+		}
+		delete(d.ckpt.Claims, string(c.UID))
+		removed++
+	}
+	if removed == 0 {
+		return result, nil
+	}
+	if err := d.store.Save(d.ckpt); err != nil {
+		return nil, fmt.Errorf("checkpoint after unpreparing: %w", err)
+	}
+	d.updateMetrics()
+	per := time.Since(start).Seconds() / float64(removed)
+	for range removed {
+		d.metrics.prepareLatency.WithLabelValues("unprepare").Observe(per)
+	}
+	return result, nil
+}
+
+// plan turns an allocated claim into its checkpoint record (state
+// preparing): which GPUs, how much memory, which sharing config.
+func (d *Driver) plan(claim *resourceapi.ResourceClaim) (*ClaimCheckpoint, error) {
+	ref := claim.Namespace + "/" + claim.Name
+	alloc := claim.Status.Allocation
+	if alloc == nil {
+		return nil, fmt.Errorf("claim %s is not allocated", ref)
+	}
+	cl := &ClaimCheckpoint{UID: string(claim.UID), Namespace: claim.Namespace, Name: claim.Name, State: StatePreparing, Time: time.Now().UTC()}
+	for _, r := range alloc.Devices.Results {
+		if r.Driver != DriverName {
+			continue
+		}
+		if r.Pool != d.opts.NodeName {
+			return nil, fmt.Errorf("claim %s request %q: device %s is from pool %q, this node is %q", ref, r.Request, r.Device, r.Pool, d.opts.NodeName)
+		}
+		g, ok := d.devices[r.Device]
+		if !ok {
+			return nil, fmt.Errorf("claim %s request %q: this node has no device %q", ref, r.Request, r.Device)
+		}
+		cfg, err := v1alpha1.ConfigForRequest(DriverName, alloc.Devices.Config, r.Request)
+		if err != nil {
+			return nil, fmt.Errorf("claim %s: invalid %s opaque config: %w", ref, v1alpha1.Kind, err)
+		}
+		strategy := cfg.Strategy()
+		if d.opts.Mode != "" && strategy != d.opts.Mode {
+			return nil, fmt.Errorf("claim %s request %q: sharing mode %s, but the GPUs of node %s are fixed to %s by the admin", ref, r.Request, strategy, d.opts.NodeName, d.opts.Mode)
+		}
+		mem := g.MemoryBytes
+		if q, ok := r.ConsumedCapacity[CapacityMemory]; ok {
+			if q.Sign() <= 0 {
+				return nil, fmt.Errorf("claim %s request %q: consumed memory %s is not positive", ref, r.Request, q.String())
+			}
+			mem = uint64(q.Value())
+		}
+		if mem > g.MemoryBytes {
+			return nil, fmt.Errorf("claim %s request %q: consumed memory %d bytes exceeds %s's %d bytes", ref, r.Request, mem, r.Device, g.MemoryBytes)
+		}
+		raw, err := json.Marshal(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("claim %s: encoding config: %w", ref, err)
+		}
+		dev := DeviceCheckpoint{
+			Request: r.Request, Pool: r.Pool, Device: r.Device, GPUUUID: g.UUID,
+			MemoryBytes: mem, Strategy: string(strategy), Config: raw,
+			AdminAccess: r.AdminAccess != nil && *r.AdminAccess,
+		}
+		if r.ShareID != nil {
+			dev.ShareID = string(*r.ShareID)
+		}
+		cl.Devices = append(cl.Devices, dev)
+	}
+	return cl, nil
+}
+
+// checkLedger refuses a claim whose GPUs are held in another sharing mode,
+// or whose memory does not fit next to what other claims hold.
+func (d *Driver) checkLedger(cl *ClaimCheckpoint) error {
+	type want struct {
+		mem      uint64
+		strategy v1alpha1.SharingStrategy
+	}
+	wants := map[string]*want{}
+	var order []string
+	for _, dev := range cl.Devices {
+		if dev.AdminAccess {
+			continue
+		}
+		w, ok := wants[dev.GPUUUID]
+		if !ok {
+			w = &want{strategy: v1alpha1.SharingStrategy(dev.Strategy)}
+			wants[dev.GPUUUID] = w
+			order = append(order, dev.GPUUUID)
+		} else if w.strategy != v1alpha1.SharingStrategy(dev.Strategy) {
+			return fmt.Errorf("claim %s/%s asks for GPU %s in two sharing modes (%s and %s); one sharing mode per GPU at a time", cl.Namespace, cl.Name, dev.GPUUUID, w.strategy, dev.Strategy)
+		}
+		w.mem += ledgerMemory(dev, d.byUUID[dev.GPUUUID])
+	}
+	for _, uuid := range order {
+		w := wants[uuid]
+		g := d.byUUID[uuid]
+		var used uint64
+		var mode v1alpha1.SharingStrategy
+		holders := 0
+		var names []string
+		for _, other := range d.ckpt.Claims {
+			if other.UID == cl.UID {
+				continue
+			}
+			held := false
+			for _, dev := range other.Devices {
+				if dev.GPUUUID != uuid || dev.AdminAccess {
+					continue
+				}
+				used += ledgerMemory(dev, g)
+				mode = v1alpha1.SharingStrategy(dev.Strategy)
+				held = true
+			}
+			if held {
+				holders++
+				names = append(names, other.Namespace+"/"+other.Name)
+			}
+		}
+		sort.Strings(names)
+		if err := sharing.CheckMode(uuid, mode, w.strategy, holders); err != nil {
+			return fmt.Errorf("claim %s/%s refused on %s: %w (held by %s)", cl.Namespace, cl.Name, DeviceName(g.Index), err, strings.Join(names, ", "))
+		}
+		if used+w.mem > g.MemoryBytes {
+			return fmt.Errorf("claim %s/%s refused on %s (%s): it needs %d bytes of GPU memory, but %d of %d bytes are already held by %s; the GPU would be over-committed",
+				cl.Namespace, cl.Name, DeviceName(g.Index), uuid, w.mem, used, g.MemoryBytes, strings.Join(names, ", "))
+		}
+	}
+	return nil
+}
+
+// apply sets up sharing for every GPU of a claim and writes its CDI spec.
+// It is idempotent, so it serves first preparation, retries and restore.
+func (d *Driver) apply(ctx context.Context, cl *ClaimCheckpoint) ([]string, error) {
+	if len(cl.Devices) == 0 {
+		return nil, nil
+	}
+	claim := cdi.Claim{UID: cl.UID, Namespace: cl.Namespace, Name: cl.Name}
+	for _, dev := range cl.Devices {
+		cfg, err := decodeStored(dev.Config)
+		if err != nil {
+			return nil, fmt.Errorf("claim %s/%s: %w", cl.Namespace, cl.Name, err)
+		}
+		g := d.byUUID[dev.GPUUUID]
+		if g.UUID == "" {
+			return nil, fmt.Errorf("claim %s/%s: GPU %s is no longer on this node", cl.Namespace, cl.Name, dev.GPUUUID)
+		}
+		p, err := d.sharing.Prepare(ctx, cl.UID, dev.GPUUUID, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("claim %s/%s on %s: %w", cl.Namespace, cl.Name, dev.Device, err)
+		}
+		mem := dev.MemoryBytes
+		if cfg.Strategy() == v1alpha1.Exclusive {
+			mem = 0 // whole GPU
+		}
+		claim.Devices = append(claim.Devices, cdi.Device{Request: dev.Request, GPU: g, MemoryBytes: mem, Config: cfg, MPSPipeDir: p.MPSPipeDir})
+	}
+	ids, err := d.cdi.Write(claim)
+	if err != nil {
+		return nil, err
+	}
+	for i := range cl.Devices {
+		cl.Devices[i].CDIDeviceID = ids[i]
+	}
+	return ids, nil
+}
+
+// undo releases sharing and removes the CDI spec of a claim.
+func (d *Driver) undo(ctx context.Context, cl *ClaimCheckpoint) error {
+	var errs []error
+	for _, dev := range cl.Devices {
+		if cl.State == StatePreparing && dev.Strategy == string(v1alpha1.MPS) && d.sharing.MPS() != nil {
+			// A claim left half-prepared by an earlier process may have
+			// started its GPU's daemon; adopt it first so the release below
+			// stops it when this was the last claim.
+			if mode, _ := d.sharing.Mode(dev.GPUUUID); mode == "" {
+				if _, err := os.Stat(filepath.Join(d.sharing.MPS().PipeDir(dev.GPUUUID), sharing.PIDFile)); err == nil {
+					if cfg, err := decodeStored(dev.Config); err == nil {
+						_, _ = d.sharing.Prepare(ctx, cl.UID, dev.GPUUUID, cfg)
+					}
+				}
+			}
+		}
+		if err := d.sharing.Unprepare(ctx, cl.UID, dev.GPUUUID); err != nil {
+			errs = append(errs, fmt.Errorf("claim %s/%s on %s: %w", cl.Namespace, cl.Name, dev.Device, err))
+		}
+	}
+	if err := d.cdi.Remove(cl.UID); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func decodeStored(raw json.RawMessage) (*v1alpha1.GpuConfig, error) {
+	if len(raw) == 0 {
+		return v1alpha1.DefaultGpuConfig(), nil
+	}
+	cfg, err := v1alpha1.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("checkpointed config: %w", err)
+	}
+	cfg.Default()
+	return cfg, nil
+}
+
+func resultDevices(cl *ClaimCheckpoint) []kubeletplugin.Device {
+	out := make([]kubeletplugin.Device, 0, len(cl.Devices))
+	for _, dev := range cl.Devices {
+		kd := kubeletplugin.Device{Requests: []string{dev.Request}, PoolName: dev.Pool, DeviceName: dev.Device}
+		if dev.CDIDeviceID != "" {
+			kd.CDIDeviceIDs = []string{dev.CDIDeviceID}
+		}
+		if dev.ShareID != "" {
+			id := types.UID(dev.ShareID)
+			kd.ShareID = &id
+		}
+		out = append(out, kd)
+	}
+	return out
+}
+
+// PreparedClaims returns a copy of the checkpointed claims, for tests and
+// debugging.
+func (d *Driver) PreparedClaims() []ClaimCheckpoint {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []ClaimCheckpoint
+	for _, cl := range d.ckpt.SortedClaims() {
+		out = append(out, *cl)
+	}
+	return out
+}

@@ -1,0 +1,175 @@
+package driver
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/gpu"
+)
+
+// Attribute and capacity names published for every GPU.
+const (
+	AttrUUID                  resourceapi.QualifiedName = DriverName + "/uuid"
+	AttrIndex                 resourceapi.QualifiedName = DriverName + "/index"
+	AttrProductName           resourceapi.QualifiedName = DriverName + "/productName"
+	AttrArchitecture          resourceapi.QualifiedName = DriverName + "/architecture"
+	AttrCUDAComputeCapability resourceapi.QualifiedName = DriverName + "/cudaComputeCapability"
+	AttrDriverVersion         resourceapi.QualifiedName = DriverName + "/driverVersion"
+	AttrMultiprocessors       resourceapi.QualifiedName = DriverName + "/multiprocessors"
+	AttrNVLinkDomain          resourceapi.QualifiedName = DriverName + "/nvlinkDomain"
+	AttrNVLinkPeers           resourceapi.QualifiedName = DriverName + "/nvlinkPeers"
+	AttrMode                  resourceapi.QualifiedName = DriverName + "/mode"
+	AttrPCIBusID                                        = deviceattribute.StandardDeviceAttributePCIBusID
+	AttrPCIeRoot                                        = deviceattribute.StandardDeviceAttributePCIeRoot
+	AttrNUMANode              resourceapi.QualifiedName = "numaNode"
+
+	// CapacityMemory is the consumable GPU memory, in bytes.
+	CapacityMemory resourceapi.QualifiedName = "memory"
+
+	// TaintUnhealthy is the device taint key of a GPU that NVML reports
+	// unhealthy; NoSchedule keeps new claims off it while running pods stay.
+	TaintUnhealthy = DriverName + "/unhealthy"
+)
+
+// DeviceName is the name of GPU index in the node's pool.
+func DeviceName(index int) string { return "gpu-" + strconv.Itoa(index) }
+
+// deviceIndex parses a DeviceName; -1 when it is not one of ours.
+func deviceIndex(name string) int {
+	s, ok := strings.CutPrefix(name, "gpu-")
+	if !ok {
+		return -1
+	}
+	i, err := strconv.Atoi(s)
+	if err != nil || i < 0 || strconv.Itoa(i) != s {
+		return -1
+	}
+	return i
+}
+
+// SemverVersion normalizes an NVIDIA version string to semantic versioning,
+// which DRA version attributes require: missing parts become 0 and leading
+// zeros are dropped ("9.0" → "9.0.0", "535.104.05" → "535.104.5").
+func SemverVersion(v string) (string, error) {
+	parts := strings.Split(strings.TrimSpace(v), ".")
+	if len(parts) == 0 || len(parts) > 3 || parts[0] == "" {
+		return "", fmt.Errorf("version %q: want MAJOR[.MINOR[.PATCH]]", v)
+	}
+	nums := make([]string, 3)
+	for i := range nums {
+		nums[i] = "0"
+		if i >= len(parts) {
+			continue
+		}
+		n, err := strconv.ParseUint(parts[i], 10, 32)
+		if err != nil {
+			return "", fmt.Errorf("version %q: part %q is not a number", v, parts[i])
+		}
+		nums[i] = strconv.FormatUint(n, 10)
+	}
+	return strings.Join(nums, "."), nil
+}
+
+// Health is the last known health of one GPU, by UUID. A GPU without an
+// entry is healthy.
+type Health map[string]gpu.HealthEvent
+
+// BuildDevices turns the inventory into ResourceSlice devices, in index
+// order, so that equal inputs give deeply equal output (the ResourceSlice
+// controller then does not update anything on a restart). mode is the
+// admin-fixed sharing mode, "" when claims choose.
+func BuildDevices(devs []gpu.Device, health Health, mode string) []resourceapi.Device {
+	devs = append([]gpu.Device(nil), devs...)
+	sort.Slice(devs, func(i, j int) bool { return devs[i].Index < devs[j].Index })
+	out := make([]resourceapi.Device, 0, len(devs))
+	for _, g := range devs {
+		attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+			AttrUUID:            {StringValue: ptr.To(g.UUID)},
+			AttrIndex:           {IntValue: ptr.To(int64(g.Index))},
+			AttrProductName:     {StringValue: ptr.To(g.ProductName)},
+			AttrArchitecture:    {StringValue: ptr.To(g.Architecture)},
+			AttrMultiprocessors: {IntValue: ptr.To(int64(g.Multiprocessors))},
+			AttrNVLinkPeers:     {IntValue: ptr.To(int64(len(g.NVLinkPeers)))},
+		}
+		if g.NUMANode >= 0 {
+			attrs[AttrNUMANode] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(g.NUMANode))}
+		}
+		if g.NVLinkDomain != "" {
+			attrs[AttrNVLinkDomain] = resourceapi.DeviceAttribute{StringValue: ptr.To(g.NVLinkDomain)}
+		}
+		if g.PCIBusID != "" {
+			attrs[AttrPCIBusID] = resourceapi.DeviceAttribute{StringValue: ptr.To(g.PCIBusID)}
+		}
+		if g.PCIeRoot != "" {
+			attrs[AttrPCIeRoot] = resourceapi.DeviceAttribute{StringValue: ptr.To(g.PCIeRoot)}
+		}
+		if mode != "" {
+			attrs[AttrMode] = resourceapi.DeviceAttribute{StringValue: ptr.To(mode)}
+		}
+		for name, raw := range map[resourceapi.QualifiedName]string{
+			AttrCUDAComputeCapability: g.CUDAComputeCapability,
+			AttrDriverVersion:         g.DriverVersion,
+		} {
+			if raw == "" {
+				continue
+			}
+			v, err := SemverVersion(raw)
+			if err != nil {
+				// A version we cannot parse is left out rather than failing
+				// the whole slice: selectors on it then simply do not match.
+				klog.ErrorS(err, "Leaving out version attribute", "gpu", g.UUID, "attribute", name)
+				continue
+			}
+			attrs[name] = resourceapi.DeviceAttribute{VersionValue: ptr.To(v)}
+		}
+
+		mem := resource.NewQuantity(int64(g.MemoryBytes), resource.BinarySI)
+		d := resourceapi.Device{
+			Name:                     DeviceName(g.Index),
+			AllowMultipleAllocations: ptr.To(true),
+			Attributes:               attrs,
+			Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+				CapacityMemory: {
+					Value: *mem,
+					// A request that names no memory consumes all of it:
+					// a plain claim is a whole, exclusive GPU.
+					RequestPolicy: &resourceapi.CapacityRequestPolicy{Default: ptr.To(mem.DeepCopy())},
+				},
+			},
+		}
+		if ev, ok := health[g.UUID]; ok && !ev.Healthy {
+			d.Taints = []resourceapi.DeviceTaint{UnhealthyTaint(ev)}
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// UnhealthyTaint is the NoSchedule taint of a GPU reported unhealthy. The
+// value is a label value, so it holds the XID and not the free-text reason.
+func UnhealthyTaint(ev gpu.HealthEvent) resourceapi.DeviceTaint {
+	value := "unhealthy"
+	if ev.XID != 0 {
+		value = "xid-" + strconv.FormatUint(ev.XID, 10)
+	}
+	return resourceapi.DeviceTaint{Key: TaintUnhealthy, Value: value, Effect: resourceapi.DeviceTaintEffectNoSchedule}
+}
+
+// Resources is what the node publishes: one pool named after the node with
+// one slice holding every GPU.
+func Resources(nodeName string, devices []resourceapi.Device) resourceslice.DriverResources {
+	return resourceslice.DriverResources{
+		Pools: map[string]resourceslice.Pool{
+			nodeName: {Slices: []resourceslice.Slice{{Devices: devices}}},
+		},
+	}
+}
