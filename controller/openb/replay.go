@@ -112,11 +112,17 @@ func KnownWorkload(pods []Pod) *packing.Workload {
 
 // Replay runs one seed: arrival only, no departures, no retries.
 func Replay(nodes []Node, pods []Pod, cfg Config) (Result, error) {
+	res, _, err := replay(nodes, pods, cfg)
+	return res, err
+}
+
+// replay is Replay that also returns the final cluster state.
+func replay(nodes []Node, pods []Pod, cfg Config) (Result, []packing.NodeState, error) {
 	if cfg.Tune <= 0 || math.IsNaN(cfg.Tune) || math.IsInf(cfg.Tune, 0) {
-		return Result{}, fmt.Errorf("openb: tune %v must be a positive number", cfg.Tune)
+		return Result{}, nil, fmt.Errorf("openb: tune %v must be a positive number", cfg.Tune)
 	}
 	if len(nodes) == 0 || len(pods) == 0 {
-		return Result{}, fmt.Errorf("openb: need nodes and pods (got %d nodes, %d pods)", len(nodes), len(pods))
+		return Result{}, nil, fmt.Errorf("openb: need nodes and pods (got %d nodes, %d pods)", len(nodes), len(pods))
 	}
 	sorted := SortByName(pods)
 	state := Cluster(nodes)
@@ -125,7 +131,7 @@ func Replay(nodes []Node, pods []Pod, cfg Config) (Result, error) {
 		capMilli += int64(n.GPUs) * packing.MilliPerGPU
 	}
 	if capMilli == 0 {
-		return Result{}, fmt.Errorf("openb: the cluster has no GPUs")
+		return Result{}, nil, fmt.Errorf("openb: the cluster has no GPUs")
 	}
 	seq := Arrivals(sorted, cfg.Tune, capMilli, NewRand(cfg.Seed))
 	reqs := make([]packing.Request, len(sorted))
@@ -148,5 +154,5 @@ func Replay(nodes []Node, pods []Pod, cfg Config) (Result, error) {
 	}
 	res.GPUAllocated = float64(res.AllocatedMilli) / packing.MilliPerGPU
 	res.GPUAllocationRate = float64(res.AllocatedMilli) / float64(capMilli)
-	return res, nil
+	return res, state, nil
 }

@@ -16,6 +16,9 @@ type Workload struct {
 	total   float64 // weight of the GPU types
 	version uint64  // bumped on every change; keys FGD's per-node cache
 	sorted  bool
+
+	gpuPerCPU, gpuPerMem float64
+	ratioVersion         uint64
 }
 
 // wtype is one pod shape: its CPU and memory, and its GPU class.
@@ -333,7 +336,53 @@ func (p *Placer) fgdScore(idx int, n *NodeState, r *Request) (float64, []int) {
 		after = p.frag(cpu, mem, gs)
 	}
 	p.cand = g
-	return before - after, g
+	score := before - after
+	// Tessera's refinement: FGD sees CPU and memory only through whether
+	// a whole pod shape still fits, so it happily spends a node's CPU where
+	// its free GPUs will need it. Add the change in the GPU share that the
+	// node's free CPU or memory could no longer feed at the workload's
+	// average CPU and memory per GPU, in the same milli-GPU unit.
+	w.ratios()
+	freeGPU := freeGPUMilli(n)
+	score += stranded(n.FreeCPUMilli, n.FreeMemory, freeGPU, w) -
+		stranded(cpu, mem, freeGPU-r.GPUMilliTotal(), w)
+	return score, g
+}
+
+// stranded is the free GPU share that the node's free CPU and memory could
+// not feed at the workload's average CPU and memory per GPU.
+func stranded(cpu, mem, gpu int64, w *Workload) float64 {
+	s := float64(gpu) - float64(cpu)*w.gpuPerCPU
+	if m := float64(gpu) - float64(mem)*w.gpuPerMem; m > s {
+		s = m
+	}
+	if s < 0 {
+		return 0
+	}
+	return s
+}
+
+// ratios computes the workload's GPU per CPU and per memory (weighted by
+// pod count), once per workload version.
+func (w *Workload) ratios() {
+	if w.ratioVersion == w.version+1 {
+		return
+	}
+	var g, c, m float64
+	for _, t := range w.types {
+		cl := w.classes[t.class].req
+		g += t.weight * float64(cl.GPUMilliTotal())
+		c += t.weight * float64(t.cpu)
+		m += t.weight * float64(t.mem)
+	}
+	w.gpuPerCPU, w.gpuPerMem = 0, 0
+	if c > 0 {
+		w.gpuPerCPU = g / c
+	}
+	if m > 0 {
+		w.gpuPerMem = g / m
+	}
+	w.ratioVersion = w.version + 1
 }
 
 // seenState reports whether an earlier usable GPU has the same state as g,
