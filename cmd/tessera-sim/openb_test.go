@@ -1,0 +1,55 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestParseSeeds(t *testing.T) {
+	got, err := parseSeeds("1,42-44")
+	if err != nil || !slices.Equal(got, []uint64{1, 42, 43, 44}) {
+		t.Fatalf("got %v, %v", got, err)
+	}
+	for _, bad := range []string{"x", "5-3", "1-", ""} {
+		if _, err := parseSeeds(bad); err == nil {
+			t.Errorf("parseSeeds(%q): no error", bad)
+		}
+	}
+}
+
+func TestOpenBJSON(t *testing.T) {
+	dir := t.TempDir()
+	nodes := filepath.Join(dir, "nodes.csv")
+	pods := filepath.Join(dir, "pods.csv")
+	os.WriteFile(nodes, []byte("sn,cpu_milli,memory_mib,gpu,model\nn0,8000,1000,2,T4\n"), 0o644)
+	os.WriteFile(pods, []byte("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"+
+		"p0,1000,10,1,500,,LS,Running,0,0,0\np1,1000,10,1,1000,,LS,Running,0,0,0\n"), 0o644)
+	var out, errb bytes.Buffer
+	if rc := openbMain([]string{"--nodes", nodes, "--pods", pods, "--json", "--tune", "1"}, &out, &errb); rc != 0 {
+		t.Fatalf("rc %d: %s", rc, errb.String())
+	}
+	var m map[string]any
+	if err := json.Unmarshal(out.Bytes(), &m); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	for _, k := range []string{"gpuAllocationRate", "gpuCapacity", "gpuAllocated", "podsArrived", "podsPlaced", "podsFailed", "seed", "tune"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("key %s missing in %s", k, out.String())
+		}
+	}
+	if len(m) != 8 || m["gpuCapacity"].(float64) != 2 || m["seed"].(float64) != 42 {
+		t.Errorf("report %s", out.String())
+	}
+	errb.Reset()
+	if rc := openbMain([]string{"--nodes", nodes, "--pods", pods, "--policy", "random"}, &out, &errb); rc != 2 || !strings.Contains(errb.String(), "unknown placement policy") {
+		t.Errorf("bad policy: rc %d, %q", rc, errb.String())
+	}
+	if rc := openbMain([]string{"--nodes", nodes, "--pods", nodes}, &out, &errb); rc != 2 || !strings.Contains(errb.String(), "nodes.csv:1:") {
+		t.Errorf("bad pods file: rc %d, %q", rc, errb.String())
+	}
+}
