@@ -312,3 +312,16 @@ func TestRealModeSpec(t *testing.T) {
 	assert.Equal(t, "/dev/nvidia1", spec.Devices[1].ContainerEdits.DeviceNodes[0].Path)
 	assert.Len(t, ids, 2)
 }
+
+// TestDiscoverHostDriver checks discovery against this machine's driver; it
+// is skipped on machines without one.
+func TestDiscoverHostDriver(t *testing.T) {
+	files, err := DiscoverDriverFiles("/")
+	if err != nil {
+		t.Skipf("no NVIDIA driver here: %v", err)
+	}
+	assert.NotEmpty(t, files.Libraries)
+	for _, f := range files.Libraries {
+		assert.FileExists(t, f.Source)
+	}
+}
