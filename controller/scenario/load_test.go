@@ -1,0 +1,77 @@
+package scenario
+
+import (
+	"testing"
+)
+
+func TestParseQuantities(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want int64
+	}{{"80Gi", 80 << 30}, {"1Ti", 1 << 40}, {"1.5Gi", 3 << 29}, {"1000", 1000}, {"2G", 2e9}} {
+		got, err := parseBytes(c.in)
+		if err != nil || got != c.want {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d", c.in, got, err, c.want)
+		}
+	}
+	for _, c := range []struct {
+		in    string
+		allow bool
+		want  int64
+	}{{"0.25", false, 250}, {"2", false, 2000}, {"500m", true, 500}, {"-1", false, -1000}} {
+		got, err := parseMilli(c.in, c.allow)
+		if err != nil || got != c.want {
+			t.Errorf("parseMilli(%q) = %d, %v; want %d", c.in, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{"0.0001", "x", "500m"} {
+		if _, err := parseMilli(bad, false); err == nil {
+			t.Errorf("parseMilli(%q) should fail", bad)
+		}
+	}
+	if got := formatMilli(2667); got != "2.667" {
+		t.Errorf("formatMilli(2667) = %s", got)
+	}
+	if got := formatMilli(500); got != "0.5" {
+		t.Errorf("formatMilli(500) = %s", got)
+	}
+	if got := formatBytes(160 << 30); got != "160Gi" {
+		t.Errorf("formatBytes = %s", got)
+	}
+}
+
+// Defaults exactly as SCENARIOS.md lists them.
+func TestDefaults(t *testing.T) {
+	specs, err := Parse("t.yaml", []byte(`
+name: d
+nodes:
+- {name: dgx, count: 2, gpus: 8}
+jobs:
+- name: train
+  pods:
+  - {count: 2, gpu: 0.5}
+  - {gpu: 2}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := specs[0]
+	if s.Cycles != 3 || !s.Consolidation || s.Placement != "binpack" {
+		t.Errorf("config defaults: %+v", s)
+	}
+	n := s.Nodes[1]
+	if n.Name != "dgx-1" || n.GPUMemory != 80<<30 || n.NVLink != "all" || n.CPUMilli != 64000 || n.Memory != 512<<30 {
+		t.Errorf("node defaults: %+v", n)
+	}
+	q := s.Queues[0]
+	if len(s.Queues) != 1 || q.Name != "default" || q.Priority != 100 || q.GPU != (Resource{0, -1, 1}) || q.CPU != (Resource{-1, -1, 1}) || q.Memory != (Resource{-1, -1, 1}) {
+		t.Errorf("queue defaults: %+v", s.Queues)
+	}
+	j := s.Jobs[0]
+	if j.Queue != "default" || j.Priority != 100 || j.Preemptible || j.MinMember != 3 || j.CreatedAt != 0 {
+		t.Errorf("job defaults: %+v", j)
+	}
+	if len(j.Pods) != 3 || j.Pods[2].Name != "train-2" || j.Pods[0].Sharing != "mps" || j.Pods[2].WholeGPUs() != 2 {
+		t.Errorf("pods: %+v", j.Pods)
+	}
+}
