@@ -1,0 +1,111 @@
+// Package drivertest has helpers for tests of the DRA plugin: a stand-in
+// for nvidia-cuda-mps-control that records what it was asked, and builders
+// for allocated ResourceClaims.
+package drivertest
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+)
+
+// RecordEnv names the file the stand-in appends its log to.
+const RecordEnv = "TESSERA_MPS_RECORD"
+
+// standIn behaves like the MPS control program as far as tessera-node sees
+// it: `-d` starts a daemon (here a sleep in its own session) and writes its
+// pid file in CUDA_MPS_PIPE_DIRECTORY; without -d it reads a command from
+// stdin, and `quit` stops the daemon. Every call is recorded.
+const standIn = `#!/bin/sh
+log="${` + RecordEnv + `:-/dev/null}"
+if [ "$1" = "-d" ]; then
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  sleep 100000 </dev/null >/dev/null 2>&1 &
+  echo $! > "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
+  echo "start $CUDA_VISIBLE_DEVICES" >> "$log"
+  exit 0
+fi
+read cmd
+echo "$cmd $CUDA_VISIBLE_DEVICES" >> "$log"
+if [ "$cmd" = "quit" ]; then
+  kill "$(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")" 2>/dev/null
+fi
+exit 0
+`
+
+// MPSStandIn writes the stand-in as dir/nvidia-cuda-mps-control and returns
+// its path and the record file it appends to (through RecordEnv). Daemons
+// still running when the test ends are killed.
+func MPSStandIn(t testing.TB, dir string) (control, record string) {
+	t.Helper()
+	control = filepath.Join(dir, "nvidia-cuda-mps-control")
+	record = filepath.Join(dir, "mps-record.log")
+	if err := os.WriteFile(control, []byte(standIn), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return control, record
+}
+
+// Record returns the stand-in's recorded calls, one per line ("start UUID",
+// "quit UUID").
+func Record(t testing.TB, record string) []string {
+	t.Helper()
+	data, err := os.ReadFile(record)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Fields(strings.ReplaceAll(strings.TrimSpace(string(data)), " ", "_"))
+}
+
+// Result is one allocated device; memory "" means no consumed capacity (a
+// whole GPU).
+func Result(request, pool, device, memory string) resourceapi.DeviceRequestAllocationResult {
+	r := resourceapi.DeviceRequestAllocationResult{Request: request, Driver: "gpu.tessera.dev", Pool: pool, Device: device}
+	if memory != "" {
+		r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(memory)}
+		r.ShareID = ptr.To(types.UID("share-" + request + "-" + device))
+	}
+	return r
+}
+
+// Config is an opaque GpuConfig entry from the class or the claim.
+func Config(source resourceapi.AllocationConfigSource, params string, requests ...string) resourceapi.DeviceAllocationConfiguration {
+	return resourceapi.DeviceAllocationConfiguration{
+		Source:   source,
+		Requests: requests,
+		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+			Driver: "gpu.tessera.dev", Parameters: runtime.RawExtension{Raw: []byte(params)},
+		}},
+	}
+}
+
+// Strategy is the class config of a sharing strategy.
+func Strategy(strategy string) resourceapi.DeviceAllocationConfiguration {
+	b, _ := json.Marshal(map[string]any{
+		"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuConfig",
+		"sharing": map[string]any{"strategy": strategy},
+	})
+	return Config(resourceapi.AllocationConfigSourceClass, string(b))
+}
+
+// Claim is an allocated claim.
+func Claim(namespace, name, uid string, results []resourceapi.DeviceRequestAllocationResult, configs ...resourceapi.DeviceAllocationConfiguration) *resourceapi.ResourceClaim {
+	return &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, UID: types.UID(uid)},
+		Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{
+			Devices: resourceapi.DeviceAllocationResult{Results: results, Config: configs},
+		}},
+	}
+}
