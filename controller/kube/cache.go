@@ -1,0 +1,328 @@
+package kube
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+
+	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
+	"github.com/tessera-gpu/tessera/controller/core"
+)
+
+// cycleIndex remembers, for one cycle, which Kubernetes objects stand behind
+// the core's names, so decisions can be committed.
+type cycleIndex struct {
+	pods map[string]*podRef // by core pod name (namespace/name)
+	// nodes by name, with their Tessera GPUs.
+	nodes map[string]*v1.Node
+	gpus  map[string]*nodeGPUs
+	// problems are pods Tessera cannot consider at all, with the reason
+	// (unknown queue, bad claim); they are reported as pending.
+	problems []core.PendingPod
+	// jobs by core job name.
+	jobs map[string]*jobRef
+	// queues holds the names of the Queue objects (not the implicit ones).
+	queues map[string]*schedv1.Queue
+}
+
+type podRef struct {
+	pod    *v1.Pod
+	claims []*resourceapi.ResourceClaim
+	job    string
+}
+
+type jobRef struct {
+	group *schedv1.PodGroup // nil for a pod without a PodGroup
+	pods  []string
+}
+
+// podEntry caches a pod's translation; it is reused while the pod and its
+// claims are unchanged, so a cycle does not re-translate a large cluster.
+type podEntry struct {
+	podRV    string
+	claimRVs string
+	claims   []*resourceapi.ResourceClaim
+	req      core.Request
+	err      error
+	tessera  bool
+}
+
+func (s *Scheduler) translatePod(pod *v1.Pod) *podEntry {
+	claims, err := podClaims(pod, s.getClaim)
+	var rvs strings.Builder
+	for _, c := range claims {
+		rvs.WriteString(c.ResourceVersion)
+		rvs.WriteByte(',')
+	}
+	if e, ok := s.podCache[pod.UID]; ok && e.podRV == pod.ResourceVersion && e.claimRVs == rvs.String() && err == nil && e.err == nil {
+		return e
+	}
+	e := &podEntry{podRV: pod.ResourceVersion, claimRVs: rvs.String(), claims: claims, err: err}
+	if err == nil {
+		gr, gerr := podGPURequest(claims, s.getClass)
+		e.req, e.err, e.tessera = gr.req, gerr, gr.tessera
+		e.req.CPU, e.req.Memory = podCPUMemory(pod)
+	}
+	s.podCache[pod.UID] = e
+	return e
+}
+
+// buildSnapshot turns the informers' caches into the core's snapshot.
+func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, error) {
+	idx := &cycleIndex{
+		pods:   map[string]*podRef{},
+		nodes:  map[string]*v1.Node{},
+		gpus:   map[string]*nodeGPUs{},
+		jobs:   map[string]*jobRef{},
+		queues: map[string]*schedv1.Queue{},
+	}
+	snap := &core.Snapshot{Now: now}
+
+	// Queues: the objects, an implicit default, and the external queue.
+	queueObjs, err := s.listQueues()
+	if err != nil {
+		return nil, nil, err
+	}
+	children := map[string]int{}
+	for _, q := range queueObjs {
+		idx.queues[q.Name] = q
+		children[q.Spec.Parent]++
+	}
+	for _, q := range queueObjs {
+		if q.Spec.Parent != "" && idx.queues[q.Spec.Parent] == nil {
+			// The CRD cannot check this; the core would reject the whole
+			// snapshot, so the orphan is left out and its pods wait.
+			continue
+		}
+		snap.Queues = append(snap.Queues, queueFromObject(q))
+	}
+	if idx.queues[DefaultQueue] == nil {
+		snap.Queues = append(snap.Queues, core.NewQueue(DefaultQueue, ""))
+	}
+	ext := core.NewQueue(externalQueue, "")
+	for r := range ext.Resources {
+		ext.Resources[r] = core.QueueResource{Quota: core.Unlimited, Limit: core.Unlimited}
+	}
+	snap.Queues = append(snap.Queues, ext)
+	leaf := func(name string) (bool, string) {
+		if name == DefaultQueue && idx.queues[name] == nil {
+			return true, ""
+		}
+		q := idx.queues[name]
+		if q == nil {
+			return false, fmt.Sprintf("queue %s does not exist", name)
+		}
+		if q.Spec.Parent != "" && idx.queues[q.Spec.Parent] == nil {
+			return false, fmt.Sprintf("queue %s has parent %s, which does not exist", name, q.Spec.Parent)
+		}
+		if children[name] > 0 {
+			return false, fmt.Sprintf("queue %s is a parent queue; only leaf queues hold workloads", name)
+		}
+		return true, ""
+	}
+
+	// Nodes and their GPUs.
+	nodes, err := s.nodeLister.List(everything)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
+	s.refreshGPUs()
+	for _, n := range nodes {
+		idx.nodes[n.Name] = n
+		g := s.gpuCache[n.Name]
+		idx.gpus[n.Name] = g
+		cn := core.Node{
+			Name:          n.Name,
+			Labels:        n.Labels,
+			CPU:           n.Status.Allocatable.Cpu().MilliValue(),
+			Memory:        n.Status.Allocatable.Memory().Value(),
+			Unschedulable: n.Spec.Unschedulable || !nodeReady(n),
+		}
+		if g != nil {
+			cn.GPUs = g.gpus
+		}
+		snap.Nodes = append(snap.Nodes, cn)
+	}
+
+	// Pods, grouped into jobs.
+	pods, err := s.podLister.List(everything)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listing pods: %w", err)
+	}
+	sort.Slice(pods, func(i, j int) bool {
+		if pods[i].Namespace != pods[j].Namespace {
+			return pods[i].Namespace < pods[j].Namespace
+		}
+		return pods[i].Name < pods[j].Name
+	})
+	jobs := map[string]*core.Job{}
+	var jobOrder []string
+	seen := make(map[types.UID]bool, len(pods))
+	for _, pod := range pods {
+		seen[pod.UID] = true
+		if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
+			continue
+		}
+		ours := pod.Spec.SchedulerName == SchedulerName
+		bound := pod.Spec.NodeName != ""
+		if !bound && (!ours || pod.DeletionTimestamp != nil) {
+			continue
+		}
+		if bound && idx.nodes[pod.Spec.NodeName] == nil {
+			continue // its node is gone; nothing to account for
+		}
+		key := pod.Namespace + "/" + pod.Name
+		e := s.translatePod(pod)
+		if !bound && e.err != nil {
+			idx.problems = append(idx.problems, core.PendingPod{Pod: key, Reason: e.err.Error()})
+			idx.pods[key] = &podRef{pod: pod}
+			continue
+		}
+		cp := core.Pod{Name: key, Request: e.req, NodeSelector: pod.Spec.NodeSelector, Phase: core.PodPending}
+		if bound {
+			cp.Phase = core.PodBound
+			if pod.Status.Phase == v1.PodRunning {
+				cp.Phase = core.PodRunning
+			}
+			if pod.DeletionTimestamp != nil {
+				cp.Phase = core.PodReleasing
+			}
+			cp.Placement = allocatedPlacement(pod.Spec.NodeName, e.claims, idx.gpus[pod.Spec.NodeName])
+			// What is placed is what the claims hold, whatever the pod asked.
+			cp.Request.GPUs, cp.Request.GPUMemory, cp.Request.GPUMilli = 0, 0, 0
+			if cp.Placement.Sharing != "" && len(cp.Placement.GPUs) == 1 {
+				cp.Request.GPUMemory = cp.Placement.GPUMemory[0]
+				cp.Request.Sharing = cp.Placement.Sharing
+			} else {
+				cp.Request.GPUs = len(cp.Placement.GPUs)
+				cp.Placement.Sharing = ""
+			}
+		}
+		jobName, job, reason := s.jobFor(pod, ours, leaf)
+		if reason != "" {
+			if bound {
+				// Running but unschedulable by the rules now (queue deleted):
+				// keep accounting for it outside the queue tree.
+				jobName, job, reason = "<external>/"+key, s.externalJob(pod, key), ""
+			} else {
+				idx.problems = append(idx.problems, core.PendingPod{Pod: key, Reason: reason})
+				idx.pods[key] = &podRef{pod: pod}
+				continue
+			}
+		}
+		if jobs[jobName] == nil {
+			jobs[jobName] = job
+			jobOrder = append(jobOrder, jobName)
+			ref := &jobRef{}
+			if name := pod.Annotations[AnnotationPodGroup]; name != "" && ours {
+				ref.group = s.getPodGroup(pod.Namespace, name)
+			}
+			idx.jobs[jobName] = ref
+		}
+		jobs[jobName].Pods = append(jobs[jobName].Pods, cp)
+		idx.jobs[jobName].pods = append(idx.jobs[jobName].pods, key)
+		idx.pods[key] = &podRef{pod: pod, claims: e.claims, job: jobName}
+	}
+	for uid := range s.podCache {
+		if !seen[uid] {
+			delete(s.podCache, uid)
+		}
+	}
+	for _, name := range jobOrder {
+		j := jobs[name]
+		if since, ok := s.belowSince[name]; ok {
+			j.BelowMinMemberSince = since
+		}
+		snap.Jobs = append(snap.Jobs, *j)
+	}
+	return snap, idx, nil
+}
+
+// jobFor works out a pod's job: its PodGroup's, or a gang of one. reason is
+// set when the pod cannot be scheduled by the rules (unknown queue, a parent
+// queue, a missing PodGroup).
+func (s *Scheduler) jobFor(pod *v1.Pod, ours bool, leaf func(string) (bool, string)) (string, *core.Job, string) {
+	key := pod.Namespace + "/" + pod.Name
+	if !ours {
+		return "<external>/" + key, s.externalJob(pod, key), ""
+	}
+	queue := pod.Labels[LabelQueue]
+	if queue == "" {
+		queue = DefaultQueue
+	}
+	prio := int32(0)
+	if pod.Spec.Priority != nil {
+		prio = *pod.Spec.Priority
+	}
+	job := &core.Job{Name: key, Queue: queue, Priority: prio, CreatedAt: pod.CreationTimestamp.Time}
+	if name := pod.Annotations[AnnotationPodGroup]; name != "" {
+		pg := s.getPodGroup(pod.Namespace, name)
+		if pg == nil {
+			return "", nil, fmt.Sprintf("PodGroup %s/%s does not exist", pod.Namespace, name)
+		}
+		job.Name = pod.Namespace + "/" + name
+		job.MinMember = int(pg.Spec.MinMember)
+		job.CreatedAt = pg.CreationTimestamp.Time
+		if pg.Spec.Queue != "" {
+			queue = pg.Spec.Queue
+			job.Queue = queue
+		}
+		if pg.Spec.PriorityClassName != "" {
+			pc, err := s.priorityLister.Get(pg.Spec.PriorityClassName)
+			if err != nil {
+				return "", nil, fmt.Sprintf("PodGroup %s/%s: PriorityClass %s not found", pod.Namespace, name, pg.Spec.PriorityClassName)
+			}
+			job.Priority = pc.Value
+		}
+	}
+	if ok, why := leaf(queue); !ok {
+		return "", nil, why
+	}
+	job.Preemptible = job.Priority < 100
+	if v, ok := pod.Annotations[AnnotationPreemptible]; ok {
+		if b, err := strconv.ParseBool(v); err == nil {
+			job.Preemptible = b
+		}
+	}
+	if s.pdbBlocked[key] {
+		// A PodDisruptionBudget refused its eviction recently: pick others.
+		job.Preemptible = false
+	}
+	return job.Name, job, ""
+}
+
+// externalJob accounts for a pod Tessera does not schedule: it holds its
+// node's capacity, is never a victim and never moves.
+func (s *Scheduler) externalJob(pod *v1.Pod, key string) *core.Job {
+	return &core.Job{Name: "<external>/" + key, Queue: externalQueue, Priority: 1 << 30, CreatedAt: pod.CreationTimestamp.Time}
+}
+
+func nodeReady(n *v1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == v1.NodeReady {
+			return c.Status == v1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// fromUnstructured converts a dynamic informer's object to a typed one.
+func fromUnstructured[T any](obj any) (*T, error) {
+	u, ok := obj.(runtime.Unstructured)
+	if !ok {
+		return nil, fmt.Errorf("unexpected object %T", obj)
+	}
+	out := new(T)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

@@ -1,0 +1,465 @@
+package kube
+
+import (
+	"context"
+		"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/dynamic-resource-allocation/structured"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/controller/core"
+)
+
+// commitStats says what a commit did.
+type commitStats struct {
+	bound, evicted  int
+	apiErrors       atomic.Int64
+	evictionsByWhat map[core.Action]int
+	// failed maps pods whose placement could not be committed to why.
+	failed map[string]string
+}
+
+// pdbBackoff is how long a pod whose eviction a PodDisruptionBudget refused
+// is left out of the victims.
+const pdbBackoff = time.Minute
+
+// commit carries the core's decisions out: evictions first (through the
+// Eviction API, so PodDisruptionBudgets hold), then each job's claims and
+// bindings, a job at a time and all-or-nothing.
+func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleIndex) *commitStats {
+	st := &commitStats{evictionsByWhat: map[core.Action]int{}, failed: map[string]string{}}
+	now := time.Now()
+	for pod, until := range s.pdbExpiry {
+		if now.After(until) {
+			delete(s.pdbExpiry, pod)
+			delete(s.pdbBlocked, pod)
+		}
+	}
+
+	// Evictions, in parallel.
+	var mu sync.Mutex
+	s.parallel(len(res.Evictions), func(i int) {
+		ev := res.Evictions[i]
+		ref := idx.pods[ev.Pod]
+		if ref == nil {
+			return
+		}
+		err := s.evict(ctx, ref.pod, ev)
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case err == nil:
+			st.evicted++
+			st.evictionsByWhat[ev.Action]++
+		case apierrors.IsTooManyRequests(err):
+			s.pdbBlocked[ev.Pod] = true
+			s.pdbExpiry[ev.Pod] = now.Add(pdbBackoff)
+			s.recorder.Eventf(ref.pod, v1.EventTypeNormal, "EvictionBlocked", "Not evicted for %s: a PodDisruptionBudget does not allow it; other victims will be chosen", ev.Action)
+		case apierrors.IsNotFound(err):
+		default:
+			st.apiErrors.Add(1)
+			klog.ErrorS(err, "Evicting pod", "pod", ev.Pod)
+		}
+	})
+
+	// Binds: work out every allocation first, in decision order, so each
+	// sees the devices the previous ones took; then write jobs in parallel.
+	byJob := map[string][]core.Bind{}
+	var jobOrder []string
+	for _, b := range res.Binds {
+		if b.Pipelined {
+			// It waits for its victims to be gone; a later cycle binds it
+			// (terminating victims keep holding the capacity till then).
+			continue
+		}
+		if _, ok := byJob[b.Job]; !ok {
+			jobOrder = append(jobOrder, b.Job)
+		}
+		byJob[b.Job] = append(byJob[b.Job], b)
+	}
+	if len(jobOrder) == 0 {
+		return st
+	}
+	state := s.allocatedState()
+	type podPlan struct {
+		ref    *podRef
+		node   string
+		allocs map[string]*resourceapi.AllocationResult // by claim name
+	}
+	plans := make([][]podPlan, len(jobOrder))
+	for j, job := range jobOrder {
+		var jp []podPlan
+		var undo []func()
+		ok := true
+		for _, b := range byJob[job] {
+			ref := idx.pods[b.Pod]
+			allocs, err := s.allocate(ctx, ref, idx, b.Placement, state, &undo)
+			if err != nil {
+				st.failed[b.Pod] = err.Error()
+				ok = false
+				break
+			}
+			jp = append(jp, podPlan{ref: ref, node: b.Placement.Node, allocs: allocs})
+		}
+		if !ok {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+			for _, b := range byJob[job] {
+				if _, failed := st.failed[b.Pod]; !failed {
+					st.failed[b.Pod] = "another pod of its gang could not be placed"
+				}
+			}
+			continue
+		}
+		plans[j] = jp
+	}
+
+	s.parallel(len(jobOrder), func(j int) {
+		jp := plans[j]
+		if jp == nil {
+			return
+		}
+		// Claims of every pod first; a failure rolls the job's claims back.
+		var written []writtenClaim
+		var failure error
+		for _, p := range jp {
+			for _, c := range p.ref.claims {
+				a, ok := p.allocs[c.Name]
+				c2, err := s.reserveClaim(ctx, c, a, ok, p.ref.pod)
+				if err != nil {
+					failure = fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
+					break
+				}
+				written = append(written, writtenClaim{claim: c2, fresh: ok})
+			}
+			if failure != nil {
+				break
+			}
+		}
+		if failure == nil {
+			var bound []*v1.Pod
+			for _, p := range jp {
+				err := retry.OnError(retry.DefaultBackoff, retriable, func() error {
+					return s.client.CoreV1().Pods(p.ref.pod.Namespace).Bind(ctx, &v1.Binding{
+						ObjectMeta: metav1.ObjectMeta{Name: p.ref.pod.Name, UID: p.ref.pod.UID},
+						Target:     v1.ObjectReference{Kind: "Node", Name: p.node},
+					}, metav1.CreateOptions{})
+				})
+				if err != nil {
+					failure = fmt.Errorf("binding pod %s/%s: %w", p.ref.pod.Namespace, p.ref.pod.Name, err)
+					break
+				}
+				bound = append(bound, p.ref.pod)
+			}
+			if failure != nil && len(bound) > 0 {
+				// A gang is never left half-bound: remove the members that
+				// were bound; their controllers recreate them.
+				for _, pod := range bound {
+					if err := s.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}}); err != nil && !apierrors.IsNotFound(err) {
+						klog.ErrorS(err, "Rolling back a half-bound gang", "pod", klog.KObj(pod))
+					}
+				}
+			}
+			if failure == nil {
+				mu.Lock()
+				st.bound += len(jp)
+				mu.Unlock()
+				for _, p := range jp {
+					s.recorder.Eventf(p.ref.pod, v1.EventTypeNormal, "Scheduled", "Successfully assigned %s/%s to %s", p.ref.pod.Namespace, p.ref.pod.Name, p.node)
+				}
+				return
+			}
+		}
+		st.apiErrors.Add(1)
+		klog.ErrorS(failure, "Committing job failed; rolling back its claims", "job", jobOrder[j])
+		uids := sets.New[types.UID]()
+		for _, p := range jp {
+			uids.Insert(p.ref.pod.UID)
+		}
+		for _, w := range written {
+			if err := s.releaseClaim(ctx, w, uids); err != nil {
+				klog.ErrorS(err, "Rolling back claim", "claim", klog.KObj(w.claim))
+			}
+		}
+		mu.Lock()
+		for _, p := range jp {
+			st.failed[p.ref.pod.Namespace+"/"+p.ref.pod.Name] = failure.Error()
+		}
+		mu.Unlock()
+	})
+	return st
+}
+
+func retriable(err error) bool {
+	return apierrors.IsConflict(err) || apierrors.IsServerTimeout(err) || apierrors.IsTooManyRequests(err) || apierrors.IsTimeout(err)
+}
+
+// parallel runs f(0..n-1) on up to Workers goroutines.
+func (s *Scheduler) parallel(n int, f func(int)) {
+	if n == 0 {
+		return
+	}
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < min(n, s.opts.Workers); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				f(i)
+			}
+		}()
+	}
+	for i := 0; i < n; i++ {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+}
+
+func (s *Scheduler) evict(ctx context.Context, pod *v1.Pod, ev core.Eviction) error {
+	s.recorder.Eventf(pod, v1.EventTypeNormal, "Evicting", "%s: %s", ev.Action, ev.Reason)
+	return s.client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, &policyv1.Eviction{
+		ObjectMeta:    metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace},
+		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}},
+	})
+}
+
+// allocatedState collects what every allocated claim holds, as the
+// structured allocator wants it.
+func (s *Scheduler) allocatedState() *structured.AllocatedState {
+	st := &structured.AllocatedState{
+		AllocatedDevices:         sets.New[structured.DeviceID](),
+		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
+		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
+	}
+	claims, err := s.claimLister.List(everything)
+	if err != nil {
+		klog.ErrorS(err, "Listing ResourceClaims")
+		return st
+	}
+	for _, c := range claims {
+		if c.Status.Allocation != nil {
+			addAllocation(st, c.Status.Allocation)
+		}
+	}
+	return st
+}
+
+func addAllocation(st *structured.AllocatedState, a *resourceapi.AllocationResult) {
+	for _, r := range a.Devices.Results {
+		id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
+		if r.ShareID == nil {
+			st.AllocatedDevices.Insert(id)
+			continue
+		}
+		st.AllocatedSharedDeviceIDs.Insert(structured.MakeSharedDeviceID(id, r.ShareID))
+		st.AggregatedCapacity.Insert(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
+	}
+}
+
+func removeAllocation(st *structured.AllocatedState, a *resourceapi.AllocationResult) {
+	for _, r := range a.Devices.Results {
+		id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
+		if r.ShareID == nil {
+			st.AllocatedDevices.Delete(id)
+			continue
+		}
+		st.AllocatedSharedDeviceIDs.Delete(structured.MakeSharedDeviceID(id, r.ShareID))
+		st.AggregatedCapacity.Remove(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
+	}
+}
+
+// classLister adapts the informer's lister to the allocator's interface.
+type classLister struct{ s *Scheduler }
+
+func (l classLister) List() ([]*resourceapi.DeviceClass, error) { return l.s.classLister.List(everything) }
+func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
+	return l.s.classLister.Get(name)
+}
+
+var allocatorFeatures = structured.Features{
+	AdminAccess:        true,
+	ConsumableCapacity: true,
+	DeviceTaints:       true,
+	PrioritizedList:    true,
+}
+
+// allocate works out the allocation of a pod's unallocated claims on the
+// node and GPUs the core chose. The structured allocator does the work, on the
+// node's slices with the Tessera devices narrowed to the chosen GPUs, so
+// class and claim CEL selectors, matchAttribute constraints, consumable
+// capacity and other drivers' devices are honoured exactly as kube-scheduler
+// would. The allocations are added to state; undo removes them.
+func (s *Scheduler) allocate(ctx context.Context, ref *podRef, idx *cycleIndex, pl core.Placement, state *structured.AllocatedState, undo *[]func()) (map[string]*resourceapi.AllocationResult, error) {
+	var pending []*resourceapi.ResourceClaim
+	for _, c := range ref.claims {
+		if c.Status.Allocation == nil {
+			pending = append(pending, c)
+		}
+	}
+	if len(pending) == 0 {
+		return nil, nil
+	}
+	node := idx.nodes[pl.Node]
+	if node == nil {
+		return nil, fmt.Errorf("node %s is gone", pl.Node)
+	}
+	chosen := sets.New[string]()
+	for _, g := range pl.GPUs {
+		chosen.Insert(deviceName(g))
+	}
+	all, err := s.sliceLister.List(everything)
+	if err != nil {
+		return nil, fmt.Errorf("listing ResourceSlices: %w", err)
+	}
+	var slices []*resourceapi.ResourceSlice
+	for _, sl := range all {
+		onNode := sl.Spec.NodeName != nil && *sl.Spec.NodeName == pl.Node
+		if !onNode && (sl.Spec.AllNodes == nil || !*sl.Spec.AllNodes) && sl.Spec.NodeSelector == nil {
+			continue
+		}
+		if sl.Spec.Driver == DriverName {
+			if !onNode {
+				continue
+			}
+			narrowed := sl.DeepCopy()
+			narrowed.Spec.Devices = slicesFilter(narrowed.Spec.Devices, func(d resourceapi.Device) bool { return chosen.Has(d.Name) })
+			sl = narrowed
+		}
+		slices = append(slices, sl)
+	}
+	alloc, err := structured.NewAllocator(ctx, allocatorFeatures, *state, classLister{s}, slices, s.celCache)
+	if err != nil {
+		return nil, fmt.Errorf("allocator: %w", err)
+	}
+	results, err := alloc.Allocate(ctx, node, pending)
+	if err != nil {
+		return nil, fmt.Errorf("allocating claims on %s: %w", pl.Node, err)
+	}
+	if results == nil {
+		return nil, fmt.Errorf("the claims' device selectors or constraints do not fit GPUs %v of node %s", pl.GPUs, pl.Node)
+	}
+	out := map[string]*resourceapi.AllocationResult{}
+	for i, c := range pending {
+		r := results[i]
+		out[c.Name] = &r
+		addAllocation(state, &r)
+		*undo = append(*undo, func() { removeAllocation(state, &r) })
+	}
+	return out, nil
+}
+
+func slicesFilter[T any](in []T, keep func(T) bool) []T {
+	out := in[:0:0]
+	for _, x := range in {
+		if keep(x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// reserveClaim writes a claim's allocation (when it has a new one) and
+// reserves it for the pod: the delete-protection finalizer first, then
+// status.allocation and reservedFor, retried on conflict.
+func (s *Scheduler) reserveClaim(ctx context.Context, c *resourceapi.ResourceClaim, a *resourceapi.AllocationResult, fresh bool, pod *v1.Pod) (*resourceapi.ResourceClaim, error) {
+	claims := s.client.ResourceV1().ResourceClaims(c.Namespace)
+	cur := c
+	var out *resourceapi.ResourceClaim
+	first := true
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		if !first {
+			latest, err := claims.Get(ctx, c.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			cur = latest
+		}
+		first = false
+		if cur.DeletionTimestamp != nil {
+			return fmt.Errorf("claim is being deleted")
+		}
+		if fresh && cur.Status.Allocation != nil {
+			return fmt.Errorf("claim was allocated by someone else meanwhile")
+		}
+		if !fresh && cur.Status.Allocation == nil {
+			return fmt.Errorf("claim lost its allocation meanwhile")
+		}
+		upd := cur.DeepCopy()
+		if fresh && !slices.Contains(upd.Finalizers, finalizerDeleteProtection) {
+			upd.Finalizers = append(upd.Finalizers, finalizerDeleteProtection)
+			var err error
+			if upd, err = claims.Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
+				return err
+			}
+			cur = upd
+			upd = upd.DeepCopy()
+		}
+		if fresh {
+			upd.Status.Allocation = a
+		}
+		reserved := slices.ContainsFunc(upd.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == pod.UID })
+		if !reserved {
+			upd.Status.ReservedFor = append(upd.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: pod.Name, UID: pod.UID})
+		}
+		if !fresh && reserved {
+			out = upd
+			return nil
+		}
+		res, err := claims.UpdateStatus(ctx, upd, metav1.UpdateOptions{})
+		if err != nil {
+			return err
+		}
+		out = res
+		return nil
+	})
+	return out, err
+}
+
+// releaseClaim undoes reserveClaim for a job that could not be committed
+// whole: the job's pods leave reservedFor, and a claim this commit allocated
+// that nobody else reserves loses its allocation, then the finalizer.
+func (s *Scheduler) releaseClaim(ctx context.Context, w writtenClaim, podUIDs sets.Set[types.UID]) error {
+	claims := s.client.ResourceV1().ResourceClaims(w.claim.Namespace)
+	return retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		cur, err := claims.Get(ctx, w.claim.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		upd := cur.DeepCopy()
+		upd.Status.ReservedFor = slicesFilter(upd.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return !podUIDs.Has(r.UID) })
+		if w.fresh && len(upd.Status.ReservedFor) == 0 {
+			upd.Status.Allocation = nil
+		}
+		if upd, err = claims.UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		if upd.Status.Allocation == nil && slices.Contains(upd.Finalizers, finalizerDeleteProtection) {
+			upd.Finalizers = slicesFilter(upd.Finalizers, func(f string) bool { return f != finalizerDeleteProtection })
+			_, err = claims.Update(ctx, upd, metav1.UpdateOptions{})
+		}
+		return err
+	})
+}
+
+type writtenClaim struct {
+	claim *resourceapi.ResourceClaim
+	fresh bool
+}

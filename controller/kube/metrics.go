@@ -1,0 +1,77 @@
+package kube
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tessera-gpu/tessera/controller/core"
+)
+
+// Metrics are tessera-scheduler's Prometheus figures.
+type Metrics struct {
+	queueFairShare *prometheus.GaugeVec
+	queueAllocated *prometheus.GaugeVec
+	queuePending   *prometheus.GaugeVec
+	pendingPods    prometheus.Gauge
+	cycle          prometheus.Histogram
+	decide         prometheus.Histogram
+	action         *prometheus.HistogramVec
+	binds          prometheus.Counter
+	evictions      *prometheus.CounterVec
+	apiErrors      prometheus.Counter
+	bindFailures   prometheus.Counter
+}
+
+// NewMetrics registers the scheduler's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	queueLabels := []string{"queue", "resource"}
+	m := &Metrics{
+		queueFairShare: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tessera_queue_fair_share", Help: "Fair share of a queue per resource (GPUs, CPU cores, memory bytes)."}, queueLabels),
+		queueAllocated: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tessera_queue_allocated", Help: "What a queue's pods hold per resource."}, queueLabels),
+		queuePending:   prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tessera_queue_pending", Help: "What a queue's pending pods ask for per resource."}, queueLabels),
+		pendingPods:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "tessera_pending_pods", Help: "Pods waiting for tessera-scheduler."}),
+		cycle:          prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tessera_cycle_duration_seconds", Help: "Duration of a whole scheduling cycle (snapshot, decide, commit, status).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+		decide:         prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tessera_decide_duration_seconds", Help: "Duration of the scheduling core's part of a cycle.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
+		action:         prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tessera_action_duration_seconds", Help: "Duration of each step of the scheduling core.", Buckets: prometheus.ExponentialBuckets(0.00001, 2, 20)}, []string{"action"}),
+		binds:          prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_binds_total", Help: "Pods bound."}),
+		evictions:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tessera_evictions_total", Help: "Pods evicted, by the action that evicted them."}, []string{"reason"}),
+		apiErrors:      prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_api_errors_total", Help: "API calls of a commit that failed."}),
+		bindFailures:   prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_bind_failures_total", Help: "Placements the core chose that could not be committed."}),
+	}
+	reg.MustRegister(m.queueFairShare, m.queueAllocated, m.queuePending, m.pendingPods, m.cycle, m.decide, m.action, m.binds, m.evictions, m.apiErrors, m.bindFailures)
+	return m
+}
+
+// quantity converts a core amount to the unit users read: GPUs, cores, bytes.
+func quantity(r core.Resource, v int64) float64 {
+	if r == core.ResMemory {
+		return float64(v)
+	}
+	return float64(v) / 1000
+}
+
+func (m *Metrics) observeCycle(res *core.Result, idx *cycleIndex, start, decided, end time.Time, st *commitStats) {
+	m.cycle.Observe(end.Sub(start).Seconds())
+	m.decide.Observe(decided.Sub(start).Seconds())
+	for _, t := range res.Timings {
+		m.action.WithLabelValues(string(t.Action)).Observe(t.Duration.Seconds())
+	}
+	m.binds.Add(float64(st.bound))
+	for a, n := range st.evictionsByWhat {
+		m.evictions.WithLabelValues(string(a)).Add(float64(n))
+	}
+	m.apiErrors.Add(float64(st.apiErrors.Load()))
+	m.bindFailures.Add(float64(len(st.failed)))
+	m.pendingPods.Set(float64(len(res.Pending) + len(idx.problems)))
+	for name, q := range res.Queues {
+		if name == externalQueue {
+			continue
+		}
+		for r := core.Resource(0); r < core.NumResources; r++ {
+			m.queueFairShare.WithLabelValues(name, r.String()).Set(quantity(r, q.FairShare[r]))
+			m.queueAllocated.WithLabelValues(name, r.String()).Set(quantity(r, q.Allocated[r]))
+			m.queuePending.WithLabelValues(name, r.String()).Set(quantity(r, q.Pending[r]))
+		}
+	}
+}

@@ -1,0 +1,46 @@
+// Package kube is the Kubernetes adapter of the scheduling core: it keeps an
+// up-to-date picture of the cluster from informers, turns it into the core's
+// Snapshot each cycle, and commits the core's decisions (ResourceClaim
+// allocations, bindings, evictions, status) back to the API server.
+package kube
+
+const (
+	// SchedulerName is the schedulerName of the pods Tessera schedules.
+	SchedulerName = "tessera-scheduler"
+	// DriverName is Tessera's DRA driver.
+	DriverName = "gpu.tessera.dev"
+
+	// LabelQueue names a pod's leaf queue; no label means DefaultQueue.
+	LabelQueue = "tessera.dev/queue"
+	// AnnotationPodGroup names the PodGroup (in the pod's namespace) a pod belongs to.
+	AnnotationPodGroup = "tessera.dev/pod-group"
+	// AnnotationPreemptible overrides whether a pod's job is preemptible
+	// ("true"/"false"); by default jobs below priority 100 are.
+	AnnotationPreemptible = "tessera.dev/preemptible"
+	// DefaultQueue holds pods without a queue label. It exists implicitly
+	// (no quota, no limit) when no Queue object of that name does.
+	DefaultQueue = "default"
+
+	// Device attributes and capacity published by tessera-node.
+	attrIndex        = DriverName + "/index"
+	attrProductName  = DriverName + "/productName"
+	attrNVLinkDomain = DriverName + "/nvlinkDomain"
+	capacityMemory   = "memory"
+
+	// finalizerDeleteProtection keeps an allocated claim from being deleted
+	// while a pod may still use it (kube-scheduler uses the same one).
+	finalizerDeleteProtection = "resource.kubernetes.io/delete-protection"
+
+	// externalQueue accounts for GPU capacity held by pods that Tessera does
+	// not schedule (kube-scheduler's DRA pods, for example). Its name cannot
+	// clash with a Queue object's.
+	externalQueue = "<external>"
+)
+
+// Sharing modes of the DeviceClasses that ship with Tessera; other classes
+// selecting gpu.tessera.dev devices get their mode from their opaque config.
+var classSharing = map[string]string{
+	"gpu.tessera.dev":           "Exclusive",
+	"mps.gpu.tessera.dev":       "MPS",
+	"timeslice.gpu.tessera.dev": "TimeSlicing",
+}

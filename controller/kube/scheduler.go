@@ -1,0 +1,345 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	schedulinglisters "k8s.io/client-go/listers/scheduling/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/klog/v2"
+
+	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
+	"github.com/tessera-gpu/tessera/controller/core"
+)
+
+var everything = labels.Everything()
+
+// GVRs of Tessera's CRDs.
+var (
+	QueueGVR    = schema.GroupVersionResource{Group: schedv1.GroupName, Version: "v1alpha1", Resource: "queues"}
+	PodGroupGVR = schema.GroupVersionResource{Group: schedv1.GroupName, Version: "v1alpha1", Resource: "podgroups"}
+)
+
+// Options configure a Scheduler.
+type Options struct {
+	Client  kubernetes.Interface
+	Dynamic dynamic.Interface
+	// Interval between cycles (default 1 s); a relevant change starts one sooner.
+	Interval time.Duration
+	// Core tunes the scheduling core.
+	Core core.Config
+	// Workers bounds the parallel API writes of a commit (default 32).
+	Workers int
+	// Metrics, when set, receives the scheduler's figures.
+	Metrics *Metrics
+}
+
+// Scheduler is tessera-scheduler: informers in, core decisions out.
+type Scheduler struct {
+	opts     Options
+	client   kubernetes.Interface
+	dyn      dynamic.Interface
+	factory  informers.SharedInformerFactory
+	dfactory dynamicinformer.DynamicSharedInformerFactory
+	recorder record.EventRecorder
+	broadcaster record.EventBroadcaster
+
+	podLister      corelisters.PodLister
+	nodeLister     corelisters.NodeLister
+	claimLister    resourcelisters.ResourceClaimLister
+	classLister    resourcelisters.DeviceClassLister
+	sliceLister    resourcelisters.ResourceSliceLister
+	priorityLister schedulinglisters.PriorityClassLister
+	queueInformer  cache.SharedIndexInformer
+	groupInformer  cache.SharedIndexInformer
+	celCache       *cel.Cache
+
+	kick chan struct{}
+
+	// Cycle state, touched only by the cycle goroutine.
+	podCache   map[types.UID]*podEntry
+	gpuCache   map[string]*nodeGPUs
+	belowSince map[string]time.Time
+	pdbBlocked map[string]bool
+	pdbExpiry  map[string]time.Time
+	// pending remembers the reason last written on each pending pod so
+	// unchanged reasons cost no API call.
+	pending map[string]string
+	// queueStatus and groupStatus remember what was last written.
+	queueStatus map[string]schedv1.QueueStatus
+	groupStatus map[string]schedv1.PodGroupStatus
+
+	dirtyMu    sync.Mutex
+	dirtyNodes map[string]bool
+	allDirty   bool
+}
+
+// New builds a Scheduler; Run starts it.
+func New(opts Options) (*Scheduler, error) {
+	if opts.Client == nil || opts.Dynamic == nil {
+		return nil, fmt.Errorf("kube: Client and Dynamic are required")
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = time.Second
+	}
+	if opts.Workers <= 0 {
+		opts.Workers = 32
+	}
+	s := &Scheduler{
+		opts:        opts,
+		client:      opts.Client,
+		dyn:         opts.Dynamic,
+		factory:     informers.NewSharedInformerFactory(opts.Client, 0),
+		dfactory:    dynamicinformer.NewDynamicSharedInformerFactory(opts.Dynamic, 0),
+		kick:        make(chan struct{}, 1),
+		podCache:    map[types.UID]*podEntry{},
+		gpuCache:    map[string]*nodeGPUs{},
+		belowSince:  map[string]time.Time{},
+		pdbBlocked:  map[string]bool{},
+		pdbExpiry:   map[string]time.Time{},
+		pending:     map[string]string{},
+		queueStatus: map[string]schedv1.QueueStatus{},
+		groupStatus: map[string]schedv1.PodGroupStatus{},
+		dirtyNodes:  map[string]bool{},
+		allDirty:    true,
+		celCache:    cel.NewCache(1000, cel.Features{EnableConsumableCapacity: true}),
+	}
+	s.broadcaster = record.NewBroadcaster()
+	s.recorder = s.broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: SchedulerName})
+
+	pods := s.factory.Core().V1().Pods()
+	s.podLister = pods.Lister()
+	s.nodeLister = s.factory.Core().V1().Nodes().Lister()
+	s.claimLister = s.factory.Resource().V1().ResourceClaims().Lister()
+	s.classLister = s.factory.Resource().V1().DeviceClasses().Lister()
+	s.sliceLister = s.factory.Resource().V1().ResourceSlices().Lister()
+	s.priorityLister = s.factory.Scheduling().V1().PriorityClasses().Lister()
+	s.queueInformer = s.dfactory.ForResource(QueueGVR).Informer()
+	s.groupInformer = s.dfactory.ForResource(PodGroupGVR).Informer()
+
+	kick := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { s.Kick() },
+		UpdateFunc: func(any, any) { s.Kick() },
+		DeleteFunc: func(any) { s.Kick() },
+	}
+	// Pods: only changes that can matter (ours, or a pod leaving a node).
+	if _, err := pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if p, ok := obj.(*v1.Pod); ok && p.Spec.SchedulerName == SchedulerName && p.Spec.NodeName == "" {
+				s.Kick()
+			}
+		},
+		UpdateFunc: func(_, obj any) {
+			if p, ok := obj.(*v1.Pod); ok && (p.DeletionTimestamp != nil || p.Spec.SchedulerName == SchedulerName && p.Spec.NodeName == "") {
+				s.Kick()
+			}
+		},
+		DeleteFunc: func(any) { s.Kick() },
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := s.factory.Resource().V1().ResourceSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { s.sliceChanged(obj) },
+		UpdateFunc: func(_, obj any) { s.sliceChanged(obj) },
+		DeleteFunc: func(obj any) { s.sliceChanged(obj) },
+	}); err != nil {
+		return nil, err
+	}
+	for _, inf := range []cache.SharedIndexInformer{
+		s.factory.Core().V1().Nodes().Informer(),
+		s.factory.Resource().V1().ResourceClaims().Informer(),
+		s.factory.Resource().V1().DeviceClasses().Informer(),
+		s.factory.Scheduling().V1().PriorityClasses().Informer(),
+		s.queueInformer, s.groupInformer,
+	} {
+		if _, err := inf.AddEventHandler(kick); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Kick asks for a cycle soon.
+func (s *Scheduler) Kick() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Scheduler) sliceChanged(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	s.dirtyMu.Lock()
+	if sl, ok := obj.(*resourceapi.ResourceSlice); ok && sl.Spec.NodeName != nil {
+		s.dirtyNodes[*sl.Spec.NodeName] = true
+	} else {
+		s.allDirty = true
+	}
+	s.dirtyMu.Unlock()
+	s.Kick()
+}
+
+// refreshGPUs re-reads the GPUs of nodes whose slices changed.
+func (s *Scheduler) refreshGPUs() {
+	s.dirtyMu.Lock()
+	dirty, all := s.dirtyNodes, s.allDirty
+	s.dirtyNodes, s.allDirty = map[string]bool{}, false
+	s.dirtyMu.Unlock()
+	if !all && len(dirty) == 0 {
+		return
+	}
+	slices, err := s.sliceLister.List(everything)
+	if err != nil {
+		klog.ErrorS(err, "Listing ResourceSlices")
+		return
+	}
+	byNode := map[string][]*resourceapi.ResourceSlice{}
+	for _, sl := range slices {
+		if sl.Spec.NodeName == nil || sl.Spec.Driver != DriverName {
+			continue
+		}
+		if all || dirty[*sl.Spec.NodeName] {
+			byNode[*sl.Spec.NodeName] = append(byNode[*sl.Spec.NodeName], sl)
+		}
+	}
+	if all {
+		s.gpuCache = map[string]*nodeGPUs{}
+	}
+	for name := range dirty {
+		delete(s.gpuCache, name)
+	}
+	for name, sls := range byNode {
+		s.gpuCache[name] = gpusFromSlices(sls)
+	}
+}
+
+func (s *Scheduler) getClaim(namespace, name string) *resourceapi.ResourceClaim {
+	c, err := s.claimLister.ResourceClaims(namespace).Get(name)
+	if err != nil {
+		return nil
+	}
+	return c
+}
+
+func (s *Scheduler) getClass(name string) *resourceapi.DeviceClass {
+	c, err := s.classLister.Get(name)
+	if err != nil {
+		return nil
+	}
+	return c
+}
+
+func (s *Scheduler) getPodGroup(namespace, name string) *schedv1.PodGroup {
+	obj, ok, err := s.groupInformer.GetStore().GetByKey(namespace + "/" + name)
+	if err != nil || !ok {
+		return nil
+	}
+	pg, err := fromUnstructured[schedv1.PodGroup](obj)
+	if err != nil {
+		klog.ErrorS(err, "Decoding PodGroup", "podGroup", namespace+"/"+name)
+		return nil
+	}
+	return pg
+}
+
+func (s *Scheduler) listQueues() ([]*schedv1.Queue, error) {
+	var out []*schedv1.Queue
+	for _, obj := range s.queueInformer.GetStore().List() {
+		q, err := fromUnstructured[schedv1.Queue](obj)
+		if err != nil {
+			return nil, fmt.Errorf("decoding Queue: %w", err)
+		}
+		out = append(out, q)
+	}
+	return out, nil
+}
+
+// Start starts the informers and waits for their caches.
+func (s *Scheduler) Start(ctx context.Context) error {
+	s.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.client.CoreV1().Events("")})
+	s.factory.Start(ctx.Done())
+	s.dfactory.Start(ctx.Done())
+	for t, ok := range s.factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("informer for %v did not sync", t)
+		}
+	}
+	for r, ok := range s.dfactory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("informer for %v did not sync (is the CRD installed?)", r)
+		}
+	}
+	return nil
+}
+
+// Run schedules until ctx is done: a cycle every Interval, and soon after a
+// relevant change.
+func (s *Scheduler) Run(ctx context.Context) error {
+	if err := s.Start(ctx); err != nil {
+		return err
+	}
+	defer s.broadcaster.Shutdown()
+	ticker := time.NewTicker(s.opts.Interval)
+	defer ticker.Stop()
+	for {
+		if err := s.RunOnce(ctx); err != nil {
+			klog.ErrorS(err, "Scheduling cycle failed")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		case <-s.kick:
+			// Let a burst of changes (a gang's pods, a deployment) land first.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// RunOnce runs one scheduling cycle: snapshot, decide, commit, report.
+func (s *Scheduler) RunOnce(ctx context.Context) error {
+	start := time.Now()
+	snap, idx, err := s.buildSnapshot(start)
+	if err != nil {
+		return fmt.Errorf("building snapshot: %w", err)
+	}
+	res, err := core.Schedule(snap, s.opts.Core)
+	if err != nil {
+		return err
+	}
+	decided := time.Now()
+	stats := s.commit(ctx, res, idx)
+	s.report(ctx, res, idx, stats)
+	if m := s.opts.Metrics; m != nil {
+		m.observeCycle(res, idx, start, decided, time.Now(), stats)
+	}
+	klog.V(2).InfoS("Cycle", "binds", stats.bound, "evictions", stats.evicted, "pending", len(res.Pending)+len(idx.problems),
+		"decide", decided.Sub(start), "total", time.Since(start))
+	return nil
+}
+
+type schemaGVR = schema.GroupVersionResource
+type dynamicResource = dynamic.ResourceInterface

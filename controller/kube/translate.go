@@ -1,0 +1,371 @@
+package kube
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+
+	gpuconfig "github.com/tessera-gpu/tessera/api/config/v1alpha1"
+	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
+	"github.com/tessera-gpu/tessera/controller/core"
+)
+
+// nodeGPUs is what the adapter knows of one node's Tessera GPUs, read from
+// the node's ResourceSlices.
+type nodeGPUs struct {
+	gpus []core.GPU
+	// byDevice maps a device name ("gpu-3") to its position in gpus.
+	byDevice map[string]int
+	// tainted holds device names with a NoSchedule or NoExecute taint.
+	tainted map[string]bool
+	// pool and generation identify the slices the GPUs came from.
+	pool       string
+	generation int64
+}
+
+// gpusFromSlices reads the Tessera devices of one node's ResourceSlices. Only
+// the newest generation of a pool counts, as the DRA API specifies.
+func gpusFromSlices(slices []*resourceapi.ResourceSlice) *nodeGPUs {
+	out := &nodeGPUs{byDevice: map[string]int{}, tainted: map[string]bool{}}
+	for _, s := range slices {
+		if s.Spec.Driver == DriverName && s.Spec.Pool.Generation > out.generation {
+			out.generation = s.Spec.Pool.Generation
+			out.pool = s.Spec.Pool.Name
+		}
+	}
+	for _, s := range slices {
+		if s.Spec.Driver != DriverName || s.Spec.Pool.Generation != out.generation {
+			continue
+		}
+		for _, d := range s.Spec.Devices {
+			g := core.GPU{Index: -1}
+			if a, ok := d.Attributes[attrIndex]; ok && a.IntValue != nil {
+				g.Index = int(*a.IntValue)
+			} else if i, err := strconv.Atoi(strings.TrimPrefix(d.Name, "gpu-")); err == nil {
+				g.Index = i
+			}
+			if g.Index < 0 {
+				continue
+			}
+			if a, ok := d.Attributes[attrProductName]; ok && a.StringValue != nil {
+				g.Model = *a.StringValue
+			}
+			if a, ok := d.Attributes[attrNVLinkDomain]; ok && a.StringValue != nil {
+				g.NVLinkDomain = *a.StringValue
+			}
+			if c, ok := d.Capacity[capacityMemory]; ok {
+				g.Memory = c.Value.Value()
+			}
+			for _, t := range d.Taints {
+				if t.Effect == resourceapi.DeviceTaintEffectNoSchedule || t.Effect == resourceapi.DeviceTaintEffectNoExecute {
+					out.tainted[d.Name] = true
+				}
+			}
+			out.byDevice[d.Name] = len(out.gpus)
+			out.gpus = append(out.gpus, g)
+		}
+	}
+	// Sort by index; keep byDevice pointing at the right entries.
+	order := make([]int, len(out.gpus))
+	for i := range order {
+		order[i] = i
+	}
+	sort.Slice(order, func(a, b int) bool { return out.gpus[order[a]].Index < out.gpus[order[b]].Index })
+	sorted := make([]core.GPU, len(out.gpus))
+	newPos := make([]int, len(out.gpus))
+	for to, from := range order {
+		sorted[to] = out.gpus[from]
+		newPos[from] = to
+	}
+	for name, pos := range out.byDevice {
+		out.byDevice[name] = newPos[pos]
+	}
+	out.gpus = sorted
+	return out
+}
+
+// deviceName is the device of a GPU index, as tessera-node names it.
+func deviceName(index int) string { return fmt.Sprintf("gpu-%d", index) }
+
+// claimLookup returns a claim by namespace and name, or nil.
+type claimLookup func(namespace, name string) *resourceapi.ResourceClaim
+
+// classLookup returns a DeviceClass by name, or nil.
+type classLookup func(name string) *resourceapi.DeviceClass
+
+// podClaims resolves the ResourceClaims a pod references, in spec order. A
+// missing claim is an error saying which (the ResourceClaim controller may
+// not have created it yet).
+func podClaims(pod *v1.Pod, claims claimLookup) ([]*resourceapi.ResourceClaim, error) {
+	var out []*resourceapi.ResourceClaim
+	for i := range pod.Spec.ResourceClaims {
+		pc := &pod.Spec.ResourceClaims[i]
+		name, mustCheckOwner, err := resourceclaim.Name(pod, pc)
+		if err != nil {
+			return nil, fmt.Errorf("resource claim %q: %w", pc.Name, err)
+		}
+		if name == nil {
+			continue // a template that resolves to no claim
+		}
+		c := claims(pod.Namespace, *name)
+		if c == nil {
+			return nil, fmt.Errorf("waiting for ResourceClaim %s/%s", pod.Namespace, *name)
+		}
+		if mustCheckOwner {
+			if err := resourceclaim.IsForPod(pod, c, false); err != nil {
+				return nil, fmt.Errorf("resource claim %s/%s: %w", pod.Namespace, *name, err)
+			}
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// isTesseraClass reports whether a DeviceClass selects Tessera GPUs.
+func isTesseraClass(class *resourceapi.DeviceClass) bool {
+	if _, ok := classSharing[class.Name]; ok {
+		return true
+	}
+	for _, c := range class.Spec.Config {
+		if c.Opaque != nil && c.Opaque.Driver == DriverName {
+			return true
+		}
+	}
+	for _, s := range class.Spec.Selectors {
+		if s.CEL != nil && strings.Contains(s.CEL.Expression, `"`+DriverName+`"`) {
+			return true
+		}
+	}
+	return false
+}
+
+// requestSharing works out the sharing strategy of one request of an
+// unallocated claim from the class's and the claim's opaque configs.
+func requestSharing(class *resourceapi.DeviceClass, claim *resourceapi.ResourceClaim, request string) (gpuconfig.SharingStrategy, error) {
+	var configs []resourceapi.DeviceAllocationConfiguration
+	hasClassConfig := false
+	for _, c := range class.Spec.Config {
+		configs = append(configs, resourceapi.DeviceAllocationConfiguration{Source: resourceapi.AllocationConfigSourceClass, DeviceConfiguration: c.DeviceConfiguration})
+		if c.Opaque != nil && c.Opaque.Driver == DriverName {
+			hasClassConfig = true
+		}
+	}
+	for _, c := range claim.Spec.Devices.Config {
+		configs = append(configs, resourceapi.DeviceAllocationConfiguration{Source: resourceapi.AllocationConfigSourceClaim, Requests: c.Requests, DeviceConfiguration: c.DeviceConfiguration})
+	}
+	if !hasClassConfig {
+		if mode, ok := classSharing[class.Name]; ok {
+			// A shipped class edited to drop its config keeps its meaning.
+			configs = append([]resourceapi.DeviceAllocationConfiguration{{
+				Source: resourceapi.AllocationConfigSourceClass,
+				DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+					Driver: DriverName, Parameters: rawConfig(gpuconfig.SharingStrategy(mode)),
+				}},
+			}}, configs...)
+		}
+	}
+	cfg, err := gpuconfig.ConfigForRequest(DriverName, configs, request)
+	if err != nil {
+		return "", err
+	}
+	return cfg.Strategy(), nil
+}
+
+func rawConfig(s gpuconfig.SharingStrategy) (out runtime.RawExtension) {
+	out.Raw = []byte(fmt.Sprintf(`{"apiVersion":%q,"kind":%q,"sharing":{"strategy":%q}}`, gpuconfig.APIVersion, gpuconfig.Kind, s))
+	return out
+}
+
+// gpuRequest is what a pod's claims ask of Tessera GPUs.
+type gpuRequest struct {
+	req core.Request
+	// tessera is true when at least one claim asks for Tessera GPUs.
+	tessera bool
+}
+
+// podGPURequest sums what a pod's unallocated claims ask of Tessera GPUs.
+// Only shapes the core can place are accepted: any number of whole GPUs, or
+// one fraction of one GPU; the error says what is wrong otherwise.
+func podGPURequest(claims []*resourceapi.ResourceClaim, classes classLookup) (gpuRequest, error) {
+	var out gpuRequest
+	fractions := 0
+	for _, c := range claims {
+		if c.Status.Allocation != nil {
+			continue // already allocated (a shared claim): it constrains the node only
+		}
+		for _, r := range c.Spec.Devices.Requests {
+			if r.Exactly == nil {
+				return out, fmt.Errorf("claim %s request %q: firstAvailable requests are not supported by tessera-scheduler", c.Name, r.Name)
+			}
+			class := classes(r.Exactly.DeviceClassName)
+			if class == nil {
+				return out, fmt.Errorf("claim %s request %q: DeviceClass %q not found", c.Name, r.Name, r.Exactly.DeviceClassName)
+			}
+			if !isTesseraClass(class) {
+				continue
+			}
+			out.tessera = true
+			if r.Exactly.AllocationMode == resourceapi.DeviceAllocationModeAll {
+				return out, fmt.Errorf("claim %s request %q: allocationMode All is not supported for GPUs; ask for a count", c.Name, r.Name)
+			}
+			count := r.Exactly.Count
+			if count == 0 {
+				count = 1
+			}
+			mode, err := requestSharing(class, c, r.Name)
+			if err != nil {
+				return out, fmt.Errorf("claim %s: %w", c.Name, err)
+			}
+			var mem *resource.Quantity
+			if r.Exactly.Capacity != nil {
+				if q, ok := r.Exactly.Capacity.Requests[capacityMemory]; ok {
+					mem = &q
+				}
+			}
+			if mem == nil {
+				out.req.GPUs += int(count)
+				continue
+			}
+			if mode == gpuconfig.Exclusive {
+				return out, fmt.Errorf("claim %s request %q: a memory request shares a GPU; use DeviceClass mps.gpu.tessera.dev or timeslice.gpu.tessera.dev", c.Name, r.Name)
+			}
+			if count != 1 {
+				return out, fmt.Errorf("claim %s request %q: a fractional request takes a share of one GPU; count must be 1, got %d", c.Name, r.Name, count)
+			}
+			fractions++
+			out.req.GPUMemory = mem.Value()
+			out.req.Sharing = core.SharingMPS
+			if mode == gpuconfig.TimeSlicing {
+				out.req.Sharing = core.SharingTimeSlice
+			}
+		}
+		for _, k := range c.Spec.Devices.Constraints {
+			if k.MatchAttribute != nil && string(*k.MatchAttribute) == attrNVLinkDomain {
+				out.req.NVLink = core.NVLinkRequired
+			}
+		}
+	}
+	if fractions > 1 || (fractions == 1 && out.req.GPUs > 0) {
+		return out, fmt.Errorf("a pod may ask for whole GPUs or for one share of one GPU, not both or several shares")
+	}
+	return out, nil
+}
+
+// allocatedPlacement reads where a pod's allocated Tessera claims put it.
+func allocatedPlacement(node string, claims []*resourceapi.ResourceClaim, gpus *nodeGPUs) core.Placement {
+	pl := core.Placement{Node: node}
+	if gpus == nil {
+		return pl
+	}
+	for _, c := range claims {
+		if c.Status.Allocation == nil {
+			continue
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if r.Driver != DriverName || r.Pool != gpus.pool {
+				continue
+			}
+			pos, ok := gpus.byDevice[r.Device]
+			if !ok {
+				continue // the GPU is gone from the slice (removed or unhealthy)
+			}
+			g := gpus.gpus[pos]
+			mem := g.Memory
+			if q, ok := r.ConsumedCapacity[capacityMemory]; ok {
+				mem = q.Value()
+			}
+			pl.GPUs = append(pl.GPUs, g.Index)
+			pl.GPUMemory = append(pl.GPUMemory, mem)
+			milli := int64(1000)
+			if mem < g.Memory && g.Memory > 0 {
+				milli = (mem*1000 + g.Memory - 1) / g.Memory
+				strategy, err := gpuconfig.ConfigForRequest(DriverName, c.Status.Allocation.Devices.Config, r.Request)
+				pl.Sharing = core.SharingMPS
+				if err == nil && strategy.Strategy() == gpuconfig.TimeSlicing {
+					pl.Sharing = core.SharingTimeSlice
+				}
+			}
+			pl.GPUMilli = append(pl.GPUMilli, milli)
+		}
+	}
+	// The core wants indices ascending.
+	idx := make([]int, len(pl.GPUs))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.Slice(idx, func(a, b int) bool { return pl.GPUs[idx[a]] < pl.GPUs[idx[b]] })
+	sorted := core.Placement{Node: node, Sharing: pl.Sharing}
+	for _, i := range idx {
+		sorted.GPUs = append(sorted.GPUs, pl.GPUs[i])
+		sorted.GPUMemory = append(sorted.GPUMemory, pl.GPUMemory[i])
+		sorted.GPUMilli = append(sorted.GPUMilli, pl.GPUMilli[i])
+	}
+	return sorted
+}
+
+// podCPUMemory is the pod's effective CPU (milli) and memory (bytes) request:
+// the larger of the sum over containers and the largest init container, plus
+// overhead, as kube-scheduler counts it.
+func podCPUMemory(pod *v1.Pod) (cpu, mem int64) {
+	for _, c := range pod.Spec.Containers {
+		cpu += c.Resources.Requests.Cpu().MilliValue()
+		mem += c.Resources.Requests.Memory().Value()
+	}
+	for _, c := range pod.Spec.InitContainers {
+		if c.RestartPolicy != nil && *c.RestartPolicy == v1.ContainerRestartPolicyAlways {
+			cpu += c.Resources.Requests.Cpu().MilliValue() // sidecars run alongside
+			mem += c.Resources.Requests.Memory().Value()
+			continue
+		}
+		cpu = max(cpu, c.Resources.Requests.Cpu().MilliValue())
+		mem = max(mem, c.Resources.Requests.Memory().Value())
+	}
+	if pod.Spec.Overhead != nil {
+		cpu += pod.Spec.Overhead.Cpu().MilliValue()
+		mem += pod.Spec.Overhead.Memory().Value()
+	}
+	return cpu, mem
+}
+
+// queueFromObject turns a Queue object into the core's queue with DESIGN.md's
+// defaults for what is unset.
+func queueFromObject(q *schedv1.Queue) core.Queue {
+	out := core.NewQueue(q.Name, q.Spec.Parent)
+	if q.Spec.Priority != nil {
+		out.Priority = *q.Spec.Priority
+	}
+	set := func(r core.Resource, rq *schedv1.ResourceQuota, milli bool) {
+		if rq == nil {
+			return
+		}
+		conv := func(v *resource.Quantity) int64 {
+			if v.Sign() < 0 {
+				return core.Unlimited
+			}
+			if milli {
+				return v.MilliValue()
+			}
+			return v.Value()
+		}
+		if rq.Quota != nil {
+			out.Resources[r].Quota = conv(rq.Quota)
+		}
+		if rq.Limit != nil {
+			out.Resources[r].Limit = conv(rq.Limit)
+		}
+		if rq.OverQuotaWeight != nil {
+			out.Resources[r].OverQuotaWeight = int64(*rq.OverQuotaWeight)
+		}
+	}
+	set(core.ResGPU, q.Spec.Resources.GPU, true)
+	set(core.ResCPU, q.Spec.Resources.CPU, true)
+	set(core.ResMemory, q.Spec.Resources.Memory, false)
+	return out
+}
