@@ -2,7 +2,7 @@ package kube
 
 import (
 	"context"
-		"fmt"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -286,7 +286,9 @@ func removeAllocation(st *structured.AllocatedState, a *resourceapi.AllocationRe
 // classLister adapts the informer's lister to the allocator's interface.
 type classLister struct{ s *Scheduler }
 
-func (l classLister) List() ([]*resourceapi.DeviceClass, error) { return l.s.classLister.List(everything) }
+func (l classLister) List() ([]*resourceapi.DeviceClass, error) {
+	return l.s.classLister.List(everything)
+}
 func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
 	return l.s.classLister.Get(name)
 }

@@ -53,12 +53,12 @@ type Options struct {
 
 // Scheduler is tessera-scheduler: informers in, core decisions out.
 type Scheduler struct {
-	opts     Options
-	client   kubernetes.Interface
-	dyn      dynamic.Interface
-	factory  informers.SharedInformerFactory
-	dfactory dynamicinformer.DynamicSharedInformerFactory
-	recorder record.EventRecorder
+	opts        Options
+	client      kubernetes.Interface
+	dyn         dynamic.Interface
+	factory     informers.SharedInformerFactory
+	dfactory    dynamicinformer.DynamicSharedInformerFactory
+	recorder    record.EventRecorder
 	broadcaster record.EventBroadcaster
 
 	podLister      corelisters.PodLister
