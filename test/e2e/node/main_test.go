@@ -149,7 +149,7 @@ func (k *kubelet) prepare(ctx context.Context, claims ...*resourceapi.ResourceCl
 	for _, c := range claims {
 		req.Claims = append(req.Claims, pbClaim(c))
 	}
-	resp, err := k.dra.NodePrepareResources(ctx, req)
+	resp, err := k.dra.NodePrepareResources(ctx, req, grpc.WaitForReady(true))
 	if err != nil {
 		return nil, err
 	}
@@ -177,7 +177,7 @@ func (k *kubelet) mustUnprepare(t testing.TB, claims ...*resourceapi.ResourceCla
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	resp, err := k.dra.NodeUnprepareResources(ctx, req)
+	resp, err := k.dra.NodeUnprepareResources(ctx, req, grpc.WaitForReady(true))
 	require.NoError(t, err)
 	for _, c := range claims {
 		require.Empty(t, resp.Claims[string(c.UID)].GetError(), "claim %s", c.Name)
