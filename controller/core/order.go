@@ -33,10 +33,10 @@ func (h *queueHeap) Pop() any {
 }
 func (h *queueHeap) Less(i, j int) bool {
 	a, b := h.lists[i], h.lists[j]
-	if x, y := withinShare(a.q, a.req), withinShare(b.q, b.req); x != y {
+	if x, y := belowShare(a.q, a.req), belowShare(b.q, b.req); x != y {
 		return x
 	}
-	if x, y := withinQuota(a.q, a.req), withinQuota(b.q, b.req); x != y {
+	if x, y := belowQuota(a.q, a.req), belowQuota(b.q, b.req); x != y {
 		return x
 	}
 	if a.q.priority != b.q.priority {
@@ -48,24 +48,38 @@ func (h *queueHeap) Less(i, j int) bool {
 	return a.q.name < b.q.name
 }
 
-// withinShare: the queue stays within its fair share with req added, for
-// every resource req asks for.
-func withinShare(q *queueState, req Resources) bool {
+// belowShare: the queue's current allocation is below its fair share in
+// every resource the head job contends for. DESIGN.md compares the
+// allocation alone, not allocation + request: a queue far below its share
+// goes first even when its next job is big (reclaim, not ordering, keeps it
+// from overshooting).
+func belowShare(q *queueState, req Resources) bool {
 	for r := range req {
-		if req[r] > 0 && q.allocated[r]+req[r] > q.fairShare[r] {
+		if contests(req, Resource(r)) && q.allocated[r] >= q.fairShare[r] {
 			return false
 		}
 	}
 	return true
 }
 
-func withinQuota(q *queueState, req Resources) bool {
+// belowQuota is belowShare for the quota; an unlimited quota is never
+// reached.
+func belowQuota(q *queueState, req Resources) bool {
 	for r := range req {
-		if req[r] > 0 && q.quota[r] != Unlimited && q.allocated[r]+req[r] > q.quota[r] {
+		if contests(req, Resource(r)) && q.quota[r] != Unlimited && q.allocated[r] >= q.quota[r] {
 			return false
 		}
 	}
 	return true
+}
+
+// contests is contestedResources without the slice (heap comparisons are
+// hot): GPU alone for a job asking GPUs, else whatever it asks.
+func contests(req Resources, r Resource) bool {
+	if req[ResGPU] > 0 {
+		return r == ResGPU
+	}
+	return req[r] > 0
 }
 
 // dominantShare is the largest, over resources, of allocated ÷ capacity.
