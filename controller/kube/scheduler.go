@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -89,6 +90,9 @@ type Scheduler struct {
 	dirtyMu    sync.Mutex
 	dirtyNodes map[string]bool
 	allDirty   bool
+
+	// synced is set once the informers' caches are filled (readiness).
+	synced atomic.Bool
 }
 
 // New builds a Scheduler; Run starts it.
@@ -288,8 +292,12 @@ func (s *Scheduler) Start(ctx context.Context) error {
 			return fmt.Errorf("informer for %v did not sync (is the CRD installed?)", r)
 		}
 	}
+	s.synced.Store(true)
 	return nil
 }
+
+// Synced says whether Start has filled the informers' caches.
+func (s *Scheduler) Synced() bool { return s.synced.Load() }
 
 // Run schedules until ctx is done: a cycle every Interval, and soon after a
 // relevant change.
