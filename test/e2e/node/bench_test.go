@@ -55,7 +55,6 @@ func BenchmarkNodePrepareResources(b *testing.B) {
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms/prepare")
 	b.ReportMetric(float64(lat[(len(lat)*99)/100].Microseconds())/1000, "p99-ms/prepare")
-	b.ReportMetric(0, "ns/op")
 }
 
 // BenchmarkStartToPublished measures the time from driver.Start to its
