@@ -47,7 +47,7 @@ func Schedule(snap *Snapshot, cfg Config) (*Result, error) {
 // differs from the snapshot's, in the order of its last change.
 func (s *session) result(res *Result) {
 	// Each pod's last operation and last eviction, in log order.
-	var changed []*podState
+	var changed, bound []*podState
 	for i := range s.log {
 		p := s.log[i].pod
 		if p.lastOp < 0 {
@@ -76,12 +76,10 @@ func (s *session) result(res *Result) {
 			res.Evictions = append(res.Evictions, ev)
 		case p.node != nil:
 			res.Binds = append(res.Binds, Bind{Pod: p.name, Job: p.job.name, Placement: s.export(p), Action: o.action})
+			bound = append(bound, p)
 		}
 	}
-	for i := range res.Binds {
-		b := &res.Binds[i]
-		res.Binds[i].Pipelined = s.nodeByN[b.Placement.Node].evicted
-	}
+	s.markPipelined(res, bound)
 	res.Jobs = make(map[string]JobStatus, len(s.jobs))
 	for _, j := range s.jobs {
 		st := JobStatus{Placed: j.placed}
@@ -115,4 +113,108 @@ func (s *session) export(p *podState) Placement {
 		pl.GPUMemory = append(pl.GPUMemory, p.gpuMem[i])
 	}
 	return pl
+}
+
+// transit is a node's usage while this cycle's victims are still on it:
+// everything at the cycle's start, plus the targets of moves, plus the binds
+// made right away. Only nodes with evictions need it.
+type transit struct {
+	cpu, mem int64
+	gpus     []gpuState // usedMilli, usedMem, pods, sharing
+}
+
+// markPipelined sets Bind.Pipelined exactly: a bind is pipelined when it
+// does not fit next to the pods evicted from its node (they keep their
+// capacity until they are gone). The adapter holds pipelined binds back, so
+// a false positive would delay a pod for nothing. Binds are tried in
+// decision order, each one made right away that fits.
+func (s *session) markPipelined(res *Result, bound []*podState) {
+	var tr map[*nodeState]*transit
+	get := func(n *nodeState) *transit {
+		if t := tr[n]; t != nil {
+			return t
+		}
+		// Start from the final state, take the binds out, put the
+		// victims back.
+		t := &transit{cpu: n.usedCPU, mem: n.usedMem, gpus: slices.Clone(n.gpus)}
+		for _, p := range bound {
+			if p.node == n {
+				t.remove(p)
+			}
+		}
+		for _, v := range n.victims {
+			if v.origNode == n && !v.atOrig {
+				t.cpu += v.req.CPU
+				t.mem += v.req.Memory
+				for i, gi := range v.origGPUs {
+					g := &t.gpus[gi]
+					g.pods++
+					g.usedMilli += v.origMilli[i]
+					g.usedMem += v.origMem[i]
+					g.sharing = v.origShare
+				}
+			}
+		}
+		if tr == nil {
+			tr = map[*nodeState]*transit{}
+		}
+		tr[n] = t
+		return t
+	}
+	for i := range res.Binds {
+		b, p := &res.Binds[i], bound[i]
+		if !p.node.evicted {
+			continue
+		}
+		t := get(p.node)
+		if t.fits(p) {
+			t.add(p)
+		} else {
+			b.Pipelined = true
+		}
+	}
+}
+
+func (t *transit) remove(p *podState) {
+	t.cpu -= p.req.CPU
+	t.mem -= p.req.Memory
+	for i, gi := range p.gpus {
+		g := &t.gpus[gi]
+		g.pods--
+		g.usedMilli -= p.gpuMilli[i]
+		g.usedMem -= p.gpuMem[i]
+		if g.pods == 0 {
+			g.sharing = ""
+		}
+	}
+}
+
+func (t *transit) add(p *podState) {
+	t.cpu += p.req.CPU
+	t.mem += p.req.Memory
+	for i, gi := range p.gpus {
+		g := &t.gpus[gi]
+		g.pods++
+		g.usedMilli += p.gpuMilli[i]
+		g.usedMem += p.gpuMem[i]
+		g.sharing = p.sharing
+	}
+}
+
+// fits: p's final placement is free while the victims are still there.
+func (t *transit) fits(p *podState) bool {
+	n := p.node
+	if t.cpu+p.req.CPU > n.cpu || t.mem+p.req.Memory > n.mem {
+		return false
+	}
+	for i, gi := range p.gpus {
+		g := &t.gpus[gi]
+		if g.pods == 0 {
+			continue
+		}
+		if p.sharing == "" || g.sharing != p.sharing || g.usedMilli+p.gpuMilli[i] > 1000 || g.usedMem+p.gpuMem[i] > g.memory {
+			return false
+		}
+	}
+	return true
 }

@@ -282,3 +282,40 @@ func TestDeterministic(t *testing.T) {
 		assert.Equal(t, a, b)
 	}
 }
+
+func TestPipelinedOnlyWhenUsingFreedCapacity(t *testing.T) {
+	// GPUs 0-3 run a low-priority pod, 4-5 another job; 6-7 are free. A
+	// gang of a 4-GPU and a 2-GPU pod preempts the low pod: the 4-GPU pod
+	// takes the freed GPUs (pipelined), the 2-GPU pod the free ones (bound
+	// right away, though its node has evictions).
+	low := running(job("low", "q", 50, 1, 4, 0), 0, "n-0", 0, 1, 2, 3)
+	other := running(job("other", "q", 100, 1, 2, 0), 0, "n-0", 4, 5)
+	hi := job("hi", "q", 100, 2, 2, 1)
+	hi.Pods[0].Request.GPUs = 4
+	s := &Snapshot{Nodes: nodes("n", 1, 8), Queues: []Queue{queue("q", "", 0, -1, 1)}, Jobs: []Job{low, other, hi}}
+	r := mustSchedule(t, s, Config{})
+	require.Equal(t, 1, countEvictions(r, "low"))
+	require.Len(t, r.Binds, 2)
+	for _, b := range r.Binds {
+		switch b.Pod {
+		case "hi-0":
+			assert.Equal(t, []int{0, 1, 2, 3}, b.Placement.GPUs)
+			assert.True(t, b.Pipelined, "uses the evicted pod's GPUs")
+		case "hi-1":
+			assert.Equal(t, []int{6, 7}, b.Placement.GPUs)
+			assert.False(t, b.Pipelined, "uses GPUs that were free")
+		}
+	}
+}
+
+func TestPipelinedWhenFreedCPUIsNeeded(t *testing.T) {
+	// GPUs are free but the node's CPU is held by the victim.
+	low := running(job("low", "q", 50, 1, 1, 0), 0, "n-0", 0)
+	low.Pods[0].Request.CPU = 60000
+	hi := job("hi", "q", 100, 1, 1, 1)
+	hi.Pods[0].Request.CPU = 10000
+	s := &Snapshot{Nodes: nodes("n", 1, 8), Queues: []Queue{queue("q", "", 0, -1, 1)}, Jobs: []Job{low, hi}}
+	r := mustSchedule(t, s, Config{})
+	require.Len(t, r.Binds, 1)
+	assert.True(t, r.Binds[0].Pipelined)
+}

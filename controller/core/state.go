@@ -57,6 +57,9 @@ type podState struct {
 	sharing    Sharing
 	origNode   *nodeState
 	origGPUs   []int
+	origMilli  []int64 // per entry of origGPUs
+	origMem    []int64
+	origShare  Sharing
 	origRes    Resources
 	atOrig     bool // placed at its original placement
 	rank       int  // position in the global victim order; -1 if none
@@ -459,6 +462,7 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 		}
 		s.place(ps, pl.node, pl.gpus, pl.milli, pl.mem, pl.sharing, res)
 		ps.origNode, ps.origGPUs, ps.origRes, ps.atOrig = pl.node, pl.gpus, res, true
+		ps.origMilli, ps.origMem, ps.origShare = pl.milli, pl.mem, pl.sharing
 		if p.Phase == PodReleasing {
 			// Terminating: it holds the node's capacity but not its job's
 			// or queue's.
