@@ -47,25 +47,50 @@ func sumRes(ps []*podState) Resources {
 // gates checks the policy that no eviction can change: queue limits (leaf
 // and ancestors) and, for non-preemptible jobs, quotas. "" when it passes.
 func (s *session) gates(j *jobState, req Resources, checkLimit bool) string {
-	for q := j.queue; q != s.root; q = q.parent {
-		for r := Resource(0); r < NumResources; r++ {
-			if req[r] == 0 {
-				continue
-			}
-			if checkLimit && q.limit[r] != Unlimited && q.allocated[r]+req[r] > q.limit[r] {
+	if checkLimit {
+		for q := j.queue; q != s.root; q = q.parent {
+			for r := Resource(0); r < NumResources; r++ {
+				if req[r] == 0 || q.limit[r] == Unlimited || q.allocated[r]+req[r] <= q.limit[r] {
+					continue
+				}
 				if q.allocated[r] >= q.limit[r] {
 					return fmt.Sprintf("queue %s at its limit of %s", q.name, formatAmount(r, q.limit[r]))
 				}
 				return fmt.Sprintf("queue %s would exceed its limit of %s (%s in use, job %s needs %s)",
 					q.name, formatAmount(r, q.limit[r]), formatAmount(r, q.allocated[r]), j.name, formatAmount(r, req[r]))
 			}
-			if !j.preemptible && q.quota[r] != Unlimited && q.allocNP[r]+req[r] > q.quota[r] {
-				return fmt.Sprintf("non-preemptible job %s needs %s within quota; queue %s has %s of its quota of %s left",
-					j.name, formatAmount(r, req[r]), q.name, formatAmount(r, max(0, q.quota[r]-q.allocNP[r])), formatAmount(r, q.quota[r]))
+		}
+	}
+	if j.preemptible {
+		return ""
+	}
+	// Name the quota that binds hardest: the queue with the least room left
+	// (an ancestor on ties, as it constrains more), so the person is sent to
+	// the queue whose quota must change, not to a leaf that would still be
+	// blocked above.
+	var worst *queueState
+	var worstR Resource
+	var worstLeft int64
+	for q := j.queue; q != s.root; q = q.parent {
+		for r := Resource(0); r < NumResources; r++ {
+			if req[r] == 0 || q.quota[r] == Unlimited || q.allocNP[r]+req[r] <= q.quota[r] {
+				continue
+			}
+			left := max(0, q.quota[r]-q.allocNP[r])
+			if worst == nil || left <= worstLeft {
+				worst, worstR, worstLeft = q, r, left
 			}
 		}
 	}
-	return ""
+	if worst == nil {
+		return ""
+	}
+	where := "queue " + worst.name
+	if worst != j.queue {
+		where = fmt.Sprintf("queue %s (an ancestor of %s)", worst.name, j.queue.name)
+	}
+	return fmt.Sprintf("non-preemptible job %s needs %s within quota; %s has %s of its quota of %s left",
+		j.name, formatAmount(worstR, req[worstR]), where, formatAmount(worstR, worstLeft), formatAmount(worstR, worst.quota[worstR]))
 }
 
 // findPlace is bestNode with a memo of shapes known not to fit.
@@ -159,7 +184,7 @@ func (s *session) allocate() {
 	// Jobs that cannot reach minMember with the pods they have.
 	for _, j := range s.jobs {
 		if c := s.candidates(j); len(c) > 0 && j.placed+len(c) < j.minMember {
-			setReason(c, fmt.Sprintf("gang %s needs %d pods; only %d exist", j.name, j.minMember, j.placed+len(c)))
+			setReason(c, fmt.Sprintf("gang %s needs %s; only %d exist", j.name, plural(j.minMember, "pod"), j.placed+len(c)))
 		}
 	}
 }
@@ -198,7 +223,7 @@ func (s *session) allocateJob(j *jobState, a Action) bool {
 	}
 	s.rollback(cp)
 	if n > 1 || j.minMember > 1 {
-		firstWhy = fmt.Sprintf("gang %s needs %d pods; only %d fit (%s)", j.name, j.minMember, j.placed+placed, firstWhy)
+		firstWhy = fmt.Sprintf("gang %s needs %s; only %d fit (%s)", j.name, plural(j.minMember, "pod"), j.placed+placed, firstWhy)
 	}
 	setReason(c, firstWhy)
 	return false

@@ -329,12 +329,10 @@ func (s *session) whyNot(p *podState) string {
 			return "no schedulable node matches its node selector"
 		}
 		return "every node is unschedulable"
-	case counts[failNVLink] > 0 && counts[failGPUCount] == 0 && counts[failFraction] == 0:
-		return fmt.Sprintf("needs %d NVLink-connected GPUs; the best node has %d", r.GPUs, nvBest)
 	case counts[failNVLink] > 0:
-		return fmt.Sprintf("needs %d NVLink-connected GPUs; the best node has %d", r.GPUs, nvBest)
+		return fmt.Sprintf("needs %s; the best node has %d", plural(r.GPUs, "NVLink-connected GPU"), nvBest)
 	case counts[failGPUCount] > 0:
-		return fmt.Sprintf("needs %d free GPUs on one node; the most free on any node is %d", r.GPUs, maxWhole)
+		return fmt.Sprintf("needs %s on one node; the most free on any node is %d", plural(r.GPUs, "free GPU"), maxWhole)
 	case counts[failFraction] > 0:
 		what := fmt.Sprintf("%s of a GPU", formatMilli(r.GPUMilli))
 		if r.GPUMemory > 0 {

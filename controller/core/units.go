@@ -70,6 +70,15 @@ func formatAmount(r Resource, v int64) string {
 	}
 }
 
+// plural writes a count and a noun, adding "s" only when the count is not 1
+// ("1 free GPU", "4 free GPUs").
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
+}
+
 // FormatGPU writes milli-GPU as GPU units ("8", "0.5") for reports.
 func FormatGPU(milli int64) string { return formatMilli(milli) }
 
