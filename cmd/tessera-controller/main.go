@@ -1,0 +1,189 @@
+// Command tessera-controller is Tessera's scheduler: it schedules every pod
+// with schedulerName tessera-scheduler (ResourceClaim allocation, binding,
+// eviction, queue and PodGroup status), one leader at a time behind a Lease,
+// with Prometheus metrics and health endpoints. See README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/controller/app"
+	"github.com/tessera-gpu/tessera/controller/core"
+)
+
+type options struct {
+	kubeconfig      string
+	qps             float64
+	burst           int
+	interval        time.Duration
+	placement       string
+	consolidation   bool
+	staleGang       time.Duration
+	workers         int
+	metricsAddr     string
+	healthAddr      string
+	leaderElect     bool
+	leaseNamespace  string
+	leaseName       string
+	leaseDuration   time.Duration
+	renewDeadline   time.Duration
+	retryPeriod     time.Duration
+	releaseOnCancel bool
+}
+
+// defaultNamespace is the controller's own namespace: the pod's (from the
+// service-account mount) in a cluster, else tessera-system.
+func defaultNamespace() string {
+	if b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil && len(b) > 0 {
+		return string(b)
+	}
+	return "tessera-system"
+}
+
+func bindFlags(fs *flag.FlagSet, o *options) {
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; the in-cluster config when empty")
+	// A scheduler's writes (claims, bindings) are its throughput: client-side
+	// throttling must not be the bottleneck; API Priority and Fairness
+	// protects the server.
+	fs.Float64Var(&o.qps, "kube-api-qps", 500, "client-side queries per second to the API server")
+	fs.IntVar(&o.burst, "kube-api-burst", 1000, "client-side burst of queries to the API server")
+	fs.DurationVar(&o.interval, "interval", time.Second, "time between scheduling cycles (a relevant change starts one sooner)")
+	fs.StringVar(&o.placement, "placement", string(core.BinPack), "whole-GPU placement: binpack (keep whole nodes free) or spread")
+	fs.BoolVar(&o.consolidation, "consolidation", true, "move preemptible pods to make room for a pending job that fits in total free capacity but on no node")
+	fs.DurationVar(&o.staleGang, "stale-gang-timeout", core.DefaultStaleGangTimeout, "evict a gang that stays below minMember this long (negative: never)")
+	fs.IntVar(&o.workers, "workers", 32, "parallel API writes of a commit")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of /metrics (empty: off)")
+	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (empty: off)")
+	fs.BoolVar(&o.leaderElect, "leader-elect", true, "schedule only while holding the leader Lease (run more than one replica safely)")
+	fs.StringVar(&o.leaseNamespace, "leader-elect-namespace", defaultNamespace(), "namespace of the leader Lease")
+	fs.StringVar(&o.leaseName, "leader-elect-lease-name", app.DefaultLeaseName, "name of the leader Lease")
+	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", app.DefaultLeaseDuration, "how long standby replicas wait after the last renewal before taking over")
+	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", app.DefaultRenewDeadline, "how long the leader keeps retrying to renew before it gives up (and exits); less than the lease duration")
+	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", app.DefaultRetryPeriod, "time between attempts to acquire or renew the Lease")
+	fs.BoolVar(&o.releaseOnCancel, "leader-elect-release-on-cancel", true, "give the Lease up on a clean shutdown so a standby takes over at once")
+}
+
+func (o *options) validate() error {
+	switch core.PlacementPolicy(o.placement) {
+	case core.BinPack, core.Spread:
+	default:
+		return fmt.Errorf("--placement must be binpack or spread, not %q", o.placement)
+	}
+	if o.interval <= 0 {
+		return fmt.Errorf("--interval must be positive")
+	}
+	if o.workers <= 0 {
+		return fmt.Errorf("--workers must be positive")
+	}
+	if o.qps <= 0 || o.burst <= 0 {
+		return fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive")
+	}
+	if o.leaderElect {
+		if o.leaseNamespace == "" || o.leaseName == "" {
+			return fmt.Errorf("--leader-elect-namespace and --leader-elect-lease-name must be set")
+		}
+		if !(o.leaseDuration > o.renewDeadline && o.renewDeadline > o.retryPeriod && o.retryPeriod > 0) {
+			return fmt.Errorf("leader election needs lease duration > renew deadline > retry period > 0")
+		}
+	}
+	return nil
+}
+
+func (o *options) restConfig() (*rest.Config, error) {
+	// An empty path falls back to the in-cluster config.
+	cfg, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("client config: %w", err)
+	}
+	cfg.QPS = float32(o.qps)
+	cfg.Burst = o.burst
+	cfg.UserAgent = "tessera-controller"
+	return cfg, nil
+}
+
+func (o *options) appConfig(rc *rest.Config) app.Config {
+	stale := o.staleGang
+	if stale == 0 {
+		// The core reads 0 as its default; the flag's 0 means "at once"
+		// would be surprising, so 0 here keeps the default too.
+		stale = core.DefaultStaleGangTimeout
+	}
+	return app.Config{
+		RestConfig: rc,
+		Interval:   o.interval,
+		Core: core.Config{
+			Placement:            core.PlacementPolicy(o.placement),
+			DisableConsolidation: !o.consolidation,
+			StaleGangTimeout:     stale,
+		},
+		Workers:         o.workers,
+		LeaderElect:     o.leaderElect,
+		LeaseNamespace:  o.leaseNamespace,
+		LeaseName:       o.leaseName,
+		LeaseDuration:   o.leaseDuration,
+		RenewDeadline:   o.renewDeadline,
+		RetryPeriod:     o.retryPeriod,
+		ReleaseOnCancel: o.releaseOnCancel,
+		MetricsAddr:     o.metricsAddr,
+		HealthAddr:      o.healthAddr,
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("tessera-controller", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	var o options
+	bindFlags(fs, &o)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if err := o.validate(); err != nil {
+		return err
+	}
+	rc, err := o.restConfig()
+	if err != nil {
+		return err
+	}
+	c, err := app.New(o.appConfig(rc))
+	if err != nil {
+		return err
+	}
+	klog.InfoS("Starting tessera-controller", "identity", c.Identity(), "leaderElect", o.leaderElect,
+		"interval", o.interval, "placement", o.placement, "consolidation", o.consolidation, "qps", o.qps, "burst", o.burst)
+	return c.Run(ctx)
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:])
+	stop()
+	switch {
+	case err == nil:
+		klog.InfoS("tessera-controller stopped")
+		klog.Flush()
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(0)
+	case errors.Is(err, app.ErrLeadershipLost):
+		// Exit so a stale leader never keeps writing; the pod restarts
+		// and stands by.
+		klog.ErrorS(err, "Leadership lost; exiting")
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	default:
+		klog.ErrorS(err, "tessera-controller failed")
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	}
+}

@@ -1,0 +1,346 @@
+// Package app runs tessera-controller: the scheduler behind a Lease-based
+// leader election, with Prometheus metrics and health endpoints. The command
+// is a thin flag layer over it, so tests run the very same controller
+// in-process.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/controller/kube"
+)
+
+// Defaults of the leader election (those of kube-scheduler and most
+// controllers).
+const (
+	DefaultLeaseName     = "tessera-controller"
+	DefaultLeaseDuration = 15 * time.Second
+	DefaultRenewDeadline = 10 * time.Second
+	DefaultRetryPeriod   = 2 * time.Second
+)
+
+// ErrLeadershipLost is returned by Run when this replica stopped being the
+// leader while it was running: the process must exit so that a stale leader
+// never keeps writing.
+var ErrLeadershipLost = errors.New("leader election lost")
+
+// Config configures a Controller.
+type Config struct {
+	// RestConfig reaches the API server; its QPS and Burst are used as set.
+	RestConfig *rest.Config
+	// Interval, Core and Workers are passed to the scheduler (kube.Options).
+	Interval time.Duration
+	Core     core.Config
+	Workers  int
+
+	// LeaderElect runs the scheduler only while holding the Lease
+	// LeaseNamespace/LeaseName. Without it the scheduler runs at once.
+	LeaderElect    bool
+	LeaseNamespace string
+	LeaseName      string // default DefaultLeaseName
+	// Identity of this replica in the Lease (default hostname_uuid).
+	Identity      string
+	LeaseDuration time.Duration // default DefaultLeaseDuration
+	RenewDeadline time.Duration // default DefaultRenewDeadline
+	RetryPeriod   time.Duration // default DefaultRetryPeriod
+	// ReleaseOnCancel gives the Lease up when Run's context ends (after the
+	// scheduler has stopped), so a replacement takes over at once instead
+	// of after LeaseDuration.
+	ReleaseOnCancel bool
+
+	// MetricsAddr serves /metrics and HealthAddr /healthz and /readyz
+	// ("" = not served; "0" port picks a free one; both may be equal).
+	MetricsAddr string
+	HealthAddr  string
+
+	// OnLeading, when set, is told each time this replica starts (true) or
+	// stops (false) leading; tests use it.
+	OnLeading func(leading bool)
+}
+
+// Controller is one tessera-controller replica.
+type Controller struct {
+	cfg       Config
+	registry  *prometheus.Registry
+	scheduler *kube.Scheduler
+	client    kubernetes.Interface
+	leader    atomic.Bool
+	electing  atomic.Bool
+	leaderG   prometheus.Gauge
+	watchdog  *leaderelection.HealthzAdaptor
+	servers   []*httpServer
+	startOnce sync.Once
+}
+
+// New builds a Controller and binds its HTTP listeners (so their addresses
+// are known before Run).
+func New(cfg Config) (*Controller, error) {
+	if cfg.RestConfig == nil {
+		return nil, fmt.Errorf("app: RestConfig is required")
+	}
+	if cfg.LeaseName == "" {
+		cfg.LeaseName = DefaultLeaseName
+	}
+	if cfg.LeaseDuration <= 0 {
+		cfg.LeaseDuration = DefaultLeaseDuration
+	}
+	if cfg.RenewDeadline <= 0 {
+		cfg.RenewDeadline = DefaultRenewDeadline
+	}
+	if cfg.RetryPeriod <= 0 {
+		cfg.RetryPeriod = DefaultRetryPeriod
+	}
+	if cfg.LeaderElect && cfg.LeaseNamespace == "" {
+		return nil, fmt.Errorf("app: LeaseNamespace is required with leader election")
+	}
+	if cfg.Identity == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("app: hostname for the leader-election identity: %w", err)
+		}
+		// The uuid keeps two processes on one host (or a restarted pod
+		// reusing its name) from posing as each other.
+		cfg.Identity = host + "_" + string(uuid.NewUUID())
+	}
+
+	client, err := kubernetes.NewForConfig(cfg.RestConfig)
+	if err != nil {
+		return nil, fmt.Errorf("app: clientset: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg.RestConfig)
+	if err != nil {
+		return nil, fmt.Errorf("app: dynamic client: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	c := &Controller{
+		cfg:      cfg,
+		registry: reg,
+		client:   client,
+		leaderG:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "tessera_leader", Help: "1 while this replica holds the leader Lease and schedules, else 0."}),
+		// Healthz fails when the leader has not renewed for LeaseDuration
+		// plus this slack: a wedged leader gets restarted by its kubelet.
+		watchdog: leaderelection.NewLeaderHealthzAdaptor(20 * time.Second),
+	}
+	reg.MustRegister(c.leaderG)
+	metrics := kube.NewMetrics(reg)
+	c.scheduler, err = kube.New(kube.Options{
+		Client: client, Dynamic: dyn,
+		Interval: cfg.Interval, Core: cfg.Core, Workers: cfg.Workers,
+		Metrics: metrics,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("app: scheduler: %w", err)
+	}
+	if err := c.listen(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Registry is the controller's Prometheus registry.
+func (c *Controller) Registry() *prometheus.Registry { return c.registry }
+
+// IsLeader says whether this replica schedules now.
+func (c *Controller) IsLeader() bool { return c.leader.Load() }
+
+// Identity is this replica's name in the Lease.
+func (c *Controller) Identity() string { return c.cfg.Identity }
+
+// Scheduler is the scheduler this controller runs while leading.
+func (c *Controller) Scheduler() *kube.Scheduler { return c.scheduler }
+
+// Ready is /readyz: a leader once its caches are synced; a replica standing
+// by (it would fail over) at once.
+func (c *Controller) Ready() error {
+	if c.leader.Load() {
+		if !c.scheduler.Synced() {
+			return errors.New("informer caches not synced yet")
+		}
+		return nil
+	}
+	if c.cfg.LeaderElect && c.electing.Load() {
+		return nil
+	}
+	return errors.New("not running")
+}
+
+// Run serves HTTP and schedules — behind the leader election when enabled —
+// until ctx ends (nil) or leadership is lost (ErrLeadershipLost). A
+// Controller runs once.
+func (c *Controller) Run(ctx context.Context) error {
+	ran := false
+	c.startOnce.Do(func() { ran = true })
+	if !ran {
+		return errors.New("app: a Controller runs only once")
+	}
+	httpCtx, stopHTTP := context.WithCancel(context.Background())
+	defer stopHTTP()
+	for _, s := range c.servers {
+		go s.serve(httpCtx)
+	}
+	if !c.cfg.LeaderElect {
+		c.setLeading(true)
+		defer c.setLeading(false)
+		return c.runScheduler(ctx)
+	}
+	return c.runElected(ctx)
+}
+
+func (c *Controller) setLeading(on bool) {
+	c.leader.Store(on)
+	if on {
+		c.leaderG.Set(1)
+	} else {
+		c.leaderG.Set(0)
+	}
+	if c.cfg.OnLeading != nil {
+		c.cfg.OnLeading(on)
+	}
+}
+
+func (c *Controller) runScheduler(ctx context.Context) error {
+	if err := c.scheduler.Run(ctx); err != nil {
+		return fmt.Errorf("scheduler: %w", err)
+	}
+	return nil
+}
+
+func (c *Controller) runElected(ctx context.Context) error {
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metaFor(c.cfg.LeaseNamespace, c.cfg.LeaseName),
+		Client:     c.client.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: c.cfg.Identity},
+	}
+	// The elector gets its own context, ended only after the scheduler has
+	// stopped: with ReleaseOnCancel the Lease must not be given up while a
+	// commit of ours may still be in flight, or the next leader could start
+	// from a picture that misses our last writes.
+	elCtx, stopElector := context.WithCancel(context.Background())
+	defer stopElector()
+	schedCtx, stopSched := context.WithCancel(ctx)
+	defer stopSched()
+
+	var (
+		mu       sync.Mutex
+		schedErr error
+	)
+	schedDone := make(chan struct{})
+	started := atomic.Bool{}
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		Name:            c.cfg.LeaseName,
+		LeaseDuration:   c.cfg.LeaseDuration,
+		RenewDeadline:   c.cfg.RenewDeadline,
+		RetryPeriod:     c.cfg.RetryPeriod,
+		ReleaseOnCancel: c.cfg.ReleaseOnCancel,
+		WatchDog:        c.watchdog,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(leCtx context.Context) {
+				started.Store(true)
+				klog.InfoS("Became the leader; scheduling", "identity", c.cfg.Identity, "lease", klog.KRef(c.cfg.LeaseNamespace, c.cfg.LeaseName))
+				c.setLeading(true)
+				// Schedule until our ctx ends or the Lease is lost.
+				runCtx, cancel := context.WithCancel(schedCtx)
+				go func() {
+					select {
+					case <-leCtx.Done():
+					case <-runCtx.Done():
+					}
+					cancel()
+				}()
+				err := c.runScheduler(runCtx)
+				cancel()
+				c.setLeading(false)
+				mu.Lock()
+				schedErr = err
+				mu.Unlock()
+				close(schedDone)
+				// The scheduler failing (informers never synced) ends our
+				// leadership too, so another replica can try.
+				if err != nil {
+					stopElector()
+				}
+			},
+			OnStoppedLeading: func() {
+				klog.InfoS("Stopped leading", "identity", c.cfg.Identity)
+			},
+			OnNewLeader: func(id string) {
+				if id != c.cfg.Identity {
+					klog.InfoS("Standing by; another replica leads", "leader", id)
+				}
+			},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("app: leader election: %w", err)
+	}
+	c.watchdog.SetLeaderElection(le)
+
+	// When ctx ends: stop the scheduler, wait for it, then end the elector.
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-elCtx.Done():
+			return
+		}
+		stopSched()
+		if started.Load() {
+			<-schedDone
+		}
+		stopElector()
+	}()
+
+	c.electing.Store(true)
+	le.Run(elCtx) // returns once leadership is lost or elCtx ends
+	c.electing.Store(false)
+	stopSched()
+	if started.Load() {
+		<-schedDone
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	switch {
+	case schedErr != nil:
+		return schedErr
+	case ctx.Err() != nil:
+		return nil
+	}
+	return ErrLeadershipLost
+}
+
+// Handler returns the HTTP handler of one of the controller's endpoints
+// sets: metrics, health, or both.
+func (c *Controller) handler(metrics, health bool) http.Handler {
+	mux := http.NewServeMux()
+	if metrics {
+		mux.Handle("/metrics", metricsHandler(c.registry))
+	}
+	if health {
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+			check(w, c.watchdog.Check(r))
+		})
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+			check(w, c.Ready())
+		})
+	}
+	return mux
+}
