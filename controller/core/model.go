@@ -217,7 +217,16 @@ type Pod struct {
 	NodeSelector map[string]string
 	// GPUModels, when not empty, lists the GPU models the pod may use.
 	GPUModels []string
-	Phase     PodPhase
+	// Feasible, when not nil, is a check the adapter cannot express as
+	// labels (node taints and the pod's tolerations, DRA CEL selectors on
+	// devices, unhealthy GPUs). A node is usable only if Feasible(node, -1)
+	// is true, and GPU index g on it only if Feasible(node, g) is. It must
+	// be deterministic and cheap: it is called while nodes are scanned, and
+	// pods that set it are not cached by shape with other pods. It is not
+	// consulted for the pod's existing placement. nil (the fast path)
+	// allows every node and GPU.
+	Feasible func(node string, gpu int) bool
+	Phase    PodPhase
 	// Placement is set for Bound, Running and Releasing pods.
 	Placement Placement
 }

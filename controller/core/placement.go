@@ -64,6 +64,7 @@ const (
 	failUnschedulable
 	failSelector
 	failModel
+	failFeasible
 	failGPUCount
 	failNVLink
 	failFraction
@@ -81,23 +82,38 @@ func staticFit(p *podState, n *nodeState) failKind {
 			return failSelector
 		}
 	}
-	if len(p.models) > 0 && (p.req.GPUs > 0 || p.req.IsFraction()) {
-		ok := false
+	if p.feasible != nil && !p.feasible(n.name, -1) {
+		return failFeasible
+	}
+	if (len(p.models) > 0 || p.feasible != nil) && (p.req.GPUs > 0 || p.req.IsFraction()) {
+		model, usable := false, false
 		for i := range n.gpus {
-			if slices.Contains(p.models, n.gpus[i].model) {
-				ok = true
-				break
+			g := &n.gpus[i]
+			if len(p.models) == 0 || slices.Contains(p.models, g.model) {
+				model = true
+				if p.feasible == nil || p.feasible(n.name, g.index) {
+					usable = true
+					break
+				}
 			}
 		}
-		if !ok {
+		if !model {
 			return failModel
+		}
+		if !usable {
+			return failFeasible
 		}
 	}
 	return fitOK
 }
 
-func modelOK(p *podState, g *gpuState) bool {
-	return len(p.models) == 0 || slices.Contains(p.models, g.model)
+// gpuOK says whether p may use GPU g of node n at all (model, and the
+// adapter's feasibility hook).
+func gpuOK(p *podState, n *nodeState, g *gpuState) bool {
+	if len(p.models) > 0 && !slices.Contains(p.models, g.model) {
+		return false
+	}
+	return p.feasible == nil || p.feasible(n.name, g.index)
 }
 
 // fitOnNode finds the best GPUs for p on n given live usage. nvBest reports,
@@ -138,7 +154,7 @@ func wholeFit(p *podState, n *nodeState) (*plan, failKind, int) {
 	total := 0
 	for i := range n.gpus {
 		g := &n.gpus[i]
-		if g.pods != 0 || !modelOK(p, g) {
+		if g.pods != 0 || !gpuOK(p, n, g) {
 			continue
 		}
 		total++
@@ -202,7 +218,7 @@ func fractionFit(p *podState, n *nodeState) (*plan, failKind, int) {
 	bestFreeDom := 0
 	for i := range n.gpus {
 		g := &n.gpus[i]
-		if !modelOK(p, g) {
+		if !gpuOK(p, n, g) {
 			continue
 		}
 		milli, mem := fractionOn(r, g)
@@ -249,7 +265,7 @@ func fractionOn(r *Request, g *gpuState) (milli, mem int64) {
 // chosen; the scan itself allocates nothing.
 func (s *session) bestNode(p *podState) *plan {
 	r := &p.req
-	if r.IsFraction() || (r.GPUs > 1 && r.NVLink == NVLinkRequired) || len(p.models) > 0 {
+	if r.IsFraction() || (r.GPUs > 1 && r.NVLink == NVLinkRequired) || len(p.models) > 0 || p.feasible != nil {
 		return s.bestNodeSlow(p)
 	}
 	used := int64(r.GPUs) * 1000
@@ -308,7 +324,7 @@ func (s *session) whyNot(p *podState) string {
 			nvBest = max(nvBest, nv)
 			free := 0
 			for i := range n.gpus {
-				if n.gpus[i].pods == 0 && modelOK(p, &n.gpus[i]) {
+				if n.gpus[i].pods == 0 && gpuOK(p, n, &n.gpus[i]) {
 					free++
 				}
 			}
@@ -321,7 +337,10 @@ func (s *session) whyNot(p *podState) string {
 	switch {
 	case len(s.nodes) == 0:
 		return "the cluster has no nodes"
-	case counts[failUnschedulable]+counts[failSelector]+counts[failModel] == len(s.nodes):
+	case counts[failUnschedulable]+counts[failSelector]+counts[failModel]+counts[failFeasible] == len(s.nodes):
+		if counts[failFeasible] > 0 {
+			return "no schedulable node passes its constraints (taints, device selectors, healthy GPUs)"
+		}
 		if counts[failModel] > 0 {
 			return fmt.Sprintf("no schedulable node has a GPU of model %s", strings.Join(p.models, " or "))
 		}

@@ -319,3 +319,42 @@ func TestPipelinedWhenFreedCPUIsNeeded(t *testing.T) {
 	require.Len(t, r.Binds, 1)
 	assert.True(t, r.Binds[0].Pipelined)
 }
+
+func TestFeasibleHook(t *testing.T) {
+	busy := running(job("busy", "q", 100, 1, 1, 0), 0, "n-0", 1)
+	s := &Snapshot{Nodes: nodes("n", 2, 4), Queues: []Queue{queue("q", "", 0, -1, 1)},
+		Jobs: []Job{busy, job("whole", "q", 100, 1, 1, 1), job("frac", "q", 100, 1, 0, 2)}}
+	s.Jobs[2].Pods[0].Request = Request{GPUMilli: 500}
+	var calls []string
+	// n-0 is tainted (bin-packing alone would choose it); GPU 0 of n-1 is
+	// unhealthy.
+	feasible := func(node string, gpu int) bool {
+		calls = append(calls, node)
+		return node != "n-0" && !(node == "n-1" && gpu == 0)
+	}
+	s.Jobs[1].Pods[0].Feasible = feasible
+	s.Jobs[2].Pods[0].Feasible = feasible
+	r := mustSchedule(t, s, Config{})
+	require.Len(t, r.Binds, 2)
+	for _, b := range r.Binds {
+		assert.Equal(t, "n-1", b.Placement.Node, b.Pod)
+		assert.NotContains(t, b.Placement.GPUs, 0, b.Pod)
+	}
+	assert.NotEmpty(t, calls)
+
+	// Nothing passes: the reason says so.
+	s.Jobs[1].Pods[0].Feasible = func(string, int) bool { return false }
+	r = mustSchedule(t, s, Config{})
+	assert.Equal(t, "no schedulable node passes its constraints (taints, device selectors, healthy GPUs)", pendingReason(r, "whole-0"))
+
+	// Nodes pass but no GPU does.
+	s.Jobs[1].Pods[0].Feasible = func(_ string, gpu int) bool { return gpu < 0 }
+	r = mustSchedule(t, s, Config{})
+	assert.Equal(t, "no schedulable node passes its constraints (taints, device selectors, healthy GPUs)", pendingReason(r, "whole-0"))
+
+	// Feasible pods do not share the shape cache with unconstrained ones.
+	s.Jobs[2].Pods[0].Feasible = nil
+	s.Jobs[2].Pods[0].Request = Request{GPUs: 1}
+	r = mustSchedule(t, s, Config{})
+	assert.Equal(t, 1, countBinds(r, "frac"))
+}

@@ -45,6 +45,7 @@ type podState struct {
 	req      Request
 	selector map[string]string
 	models   []string
+	feasible func(node string, gpu int) bool
 	phase    PodPhase
 	// res is what the pod counts for its queue; res[ResGPU] is an estimate
 	// while pending and exact once placed.
@@ -428,7 +429,7 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 	if r.NVLink == "" {
 		r.NVLink = NVLinkPreferred
 	}
-	ps := &podState{name: p.Name, job: j, req: r, selector: p.NodeSelector, models: p.GPUModels, phase: p.Phase, rank: -1, lastOp: -1}
+	ps := &podState{name: p.Name, job: j, req: r, selector: p.NodeSelector, models: p.GPUModels, feasible: p.Feasible, phase: p.Phase, rank: -1, lastOp: -1}
 	ps.res[ResCPU], ps.res[ResMemory] = r.CPU, r.Memory
 	switch {
 	case r.GPUs > 0:
@@ -541,5 +542,9 @@ func shapeKey(p *podState) string {
 		b.WriteString(k + "=" + p.selector[k] + ",")
 	}
 	b.WriteString("|" + strings.Join(p.models, ","))
+	if p.feasible != nil {
+		// The hook is the pod's own: it shares a fit with no other pod.
+		b.WriteString("|feasible:" + p.name)
+	}
 	return b.String()
 }
