@@ -109,6 +109,7 @@ func (s *session) placeEvicting(p *podState, pol *evictPolicy) bool {
 	}
 	s.seenGen++
 	var best *nodeState
+	var bestPlan *plan
 	bestRank, bestCount := 0, 0
 	var bestScore int64
 	for i, v := range s.victims {
@@ -125,7 +126,21 @@ func (s *session) placeEvicting(p *podState, pol *evictPolicy) bool {
 		if pl != nil {
 			sc := s.scorePlan(p, pl)
 			if best == nil || rank < bestRank || rank == bestRank && (count < bestCount || count == bestCount && sc > bestScore) {
-				best, bestRank, bestCount, bestScore = n, rank, count, sc
+				best, bestRank, bestCount, bestScore, bestPlan = n, rank, count, sc, pl
+			} else if rank == bestRank && count == bestCount && sc == bestScore && s.refiner != nil {
+				// A tie: the refiner scores each node with its own
+				// victims gone, so the best so far is replayed (rarely:
+				// only on ties) to refine it.
+				pl.frag, pl.refined = s.refiner.refine(p, pl), true
+				s.rollback(cp)
+				if !bestPlan.refined {
+					bp, _, _ := s.tryNode(p, best, pol)
+					bestPlan.frag, bestPlan.refined = s.refiner.refine(p, bp), true
+					s.rollback(cp)
+				}
+				if pl.frag > bestPlan.frag {
+					best, bestPlan = n, pl
+				}
 			}
 		}
 		s.rollback(cp)
@@ -134,6 +149,9 @@ func (s *session) placeEvicting(p *podState, pol *evictPolicy) bool {
 		return false
 	}
 	pl, _, _ := s.tryNode(p, best, pol)
+	if s.refiner != nil && p.req.IsFraction() {
+		s.refiner.refine(p, pl) // lets it pick the GPU, as on free capacity
+	}
 	s.attach(p, pl, pol.action, "")
 	return true
 }

@@ -15,22 +15,35 @@ type plan struct {
 	sharing Sharing
 	// brokeWhole is set when a fraction starts a GPU nobody used.
 	brokeWhole bool
+	// frag is the refiner's tie-breaking score, once refined is set.
+	refined bool
+	frag    float64
 }
 
-// scorer rates placing a pod on a node; higher is better. used is the
-// milli-GPU the pod takes there; brokeWhole is set when a fraction starts a
-// GPU nobody used. It is the seam where a fragmentation-aware scorer
-// (controller/packing) can replace the default.
+// scorer gives the primary key of placing a pod on a node; higher is
+// better. used is the milli-GPU the pod takes there; brokeWhole is set when
+// a fraction starts a GPU nobody used. It must be cheap: the whole-GPU scan
+// calls it for every node.
 type scorer interface {
 	score(p *podState, n *nodeState, used int64, brokeWhole bool) int64
 }
 
-// binPackScorer fills the fullest node first, so whole nodes stay free for
-// big gangs; within a node the fraction penalty keeps free GPUs whole.
+// binPackScorer fills the fullest node first for whole GPUs, so whole nodes
+// stay free for big gangs. FGD (the refiner) only breaks ties between nodes
+// equally full: scoring every node with FGD first would trade the
+// bin-packing rule of DESIGN.md (fill used nodes first, which the whole-GPU
+// scenarios pin) for FGD's expected-workload view, and would cost an FGD
+// evaluation per node and pod instead of per tie. For a fraction the key is
+// only "packs onto a partly used GPU" (DESIGN.md: pack onto partly used
+// GPUs); among those, FGD chooses the node and the GPU, which is what it is
+// best at.
 type binPackScorer struct{}
 
 func (binPackScorer) score(p *podState, n *nodeState, used int64, broke bool) int64 {
-	return -(n.freeMilli - used + fragPenalty(broke))
+	if p.req.IsFraction() {
+		return -fragPenalty(broke)
+	}
+	return -(n.freeMilli - used)
 }
 
 // spreadScorer places on the emptiest node first.
@@ -54,6 +67,54 @@ func (s *session) scorePlan(p *podState, pl *plan) int64 {
 		used += m
 	}
 	return s.scorer.score(p, pl.node, used, pl.brokeWhole)
+}
+
+// better says whether plan a (primary key ka) beats plan b (kb): the
+// primary key first, then the refiner's score, computed only for ties and
+// at most once per plan. Equal plans keep b, the earlier node by name.
+func (s *session) better(p *podState, a *plan, ka int64, b *plan, kb int64) bool {
+	if ka != kb {
+		return ka > kb
+	}
+	if s.refiner == nil {
+		return false
+	}
+	return s.refined(p, a) > s.refined(p, b)
+}
+
+// sameState reports whether two nodes look alike to every scorer (same
+// capacity, usage and GPUs): then the earlier by name wins a tie without
+// asking the refiner. Most ties are between such nodes (empty ones), so
+// this keeps FGD off the hot path.
+func sameState(a, b *nodeState) bool {
+	if a.shape != b.shape {
+		return false
+	}
+	if a.empty() && b.empty() {
+		return true // the common case, without the per-GPU walk
+	}
+	if a.cpu != b.cpu || a.mem != b.mem || a.usedCPU != b.usedCPU || a.usedMem != b.usedMem || len(a.gpus) != len(b.gpus) {
+		return false
+	}
+	for i := range a.gpus {
+		x, y := &a.gpus[i], &b.gpus[i]
+		if x.usedMilli != y.usedMilli || x.usedMem != y.usedMem || x.sharing != y.sharing || x.pods != y.pods ||
+			x.memory != y.memory || x.model != y.model || x.domain != y.domain {
+			return false
+		}
+	}
+	return true
+}
+
+func (n *nodeState) empty() bool {
+	return n.freeWhole == len(n.gpus) && n.usedCPU == 0 && n.usedMem == 0
+}
+
+func (s *session) refined(p *podState, pl *plan) float64 {
+	if !pl.refined {
+		pl.frag, pl.refined = s.refiner.refine(p, pl), true
+	}
+	return pl.frag
 }
 
 // failKind says why a pod does not fit a node, most fundamental first.
@@ -270,6 +331,7 @@ func (s *session) bestNode(p *podState) *plan {
 	}
 	used := int64(r.GPUs) * 1000
 	var best *nodeState
+	var bestPlan *plan // made only for ties, for the refiner
 	var bestScore int64
 	for _, n := range s.nodes {
 		if n.freeWhole < r.GPUs || n.usedCPU+r.CPU > n.cpu || n.usedMem+r.Memory > n.mem {
@@ -279,8 +341,16 @@ func (s *session) bestNode(p *podState) *plan {
 			continue
 		}
 		sc := s.scorer.score(p, n, used, false)
-		if best == nil || sc > bestScore {
-			best, bestScore = n, sc
+		switch {
+		case best == nil || sc > bestScore:
+			best, bestScore, bestPlan = n, sc, nil
+		case sc == bestScore && s.refiner != nil && !sameState(n, best):
+			if bestPlan == nil {
+				bestPlan = &plan{node: best}
+			}
+			if cand := (&plan{node: n}); s.better(p, cand, sc, bestPlan, bestScore) {
+				best, bestPlan = n, cand
+			}
 		}
 	}
 	if best == nil {
@@ -302,7 +372,7 @@ func (s *session) bestNodeSlow(p *podState) *plan {
 			continue
 		}
 		sc := s.scorePlan(p, pl)
-		if best == nil || sc > bestScore {
+		if best == nil || !sameState(n, best.node) && s.better(p, pl, sc, best, bestScore) {
 			best, bestScore = pl, sc
 		}
 	}

@@ -358,3 +358,44 @@ func TestFeasibleHook(t *testing.T) {
 	r = mustSchedule(t, s, Config{})
 	assert.Equal(t, 1, countBinds(r, "frac"))
 }
+
+func TestFGDBreaksBinPackTies(t *testing.T) {
+	// a and b have 4 GPUs' worth free each (bin-packing ties), but a's is
+	// 2 whole GPUs and 4 halves: a 1-GPU pod there would leave no room for
+	// the 2-GPU pods of the workload, so FGD sends it to b.
+	halves := job("halves", "q", 100, 4, 0, 0)
+	for i := range halves.Pods {
+		halves.Pods[i].Request = Request{GPUMilli: 500}
+		halves = running(halves, i, "a", i)
+	}
+	ones := running(running(job("ones", "q", 100, 2, 1, 0), 0, "a", 6), 1, "a", 7)
+	twos := running(running(job("twos", "q", 100, 2, 2, 0), 0, "b", 0, 1), 1, "b", 2, 3)
+	s := &Snapshot{Nodes: []Node{node("a", 8), node("b", 8)}, Queues: []Queue{queue("q", "", 0, -1, 1)},
+		Jobs: []Job{halves, ones, twos, job("new", "q", 100, 1, 1, 1)}}
+	r := mustSchedule(t, s, Config{})
+	require.Len(t, r.Binds, 1)
+	assert.Equal(t, "b", r.Binds[0].Placement.Node)
+	// Spread has no refiner; the emptiest node by name wins the tie.
+	r = mustSchedule(t, s, Config{Placement: Spread})
+	require.Len(t, r.Binds, 1)
+	assert.Equal(t, "a", r.Binds[0].Placement.Node)
+}
+
+func TestFGDPicksFractionGPU(t *testing.T) {
+	// Fractions stay on partly used GPUs (the primary key); FGD picks among
+	// them, and the result is deterministic.
+	q := job("q25", "q", 100, 1, 0, 0)
+	q.Pods[0].Request = Request{GPUMilli: 250}
+	q = running(q, 0, "a", 0)
+	h := job("h50", "q", 100, 1, 0, 0)
+	h.Pods[0].Request = Request{GPUMilli: 500}
+	h = running(h, 0, "b", 0)
+	nw := job("new", "q", 100, 1, 0, 1)
+	nw.Pods[0].Request = Request{GPUMilli: 500}
+	s := &Snapshot{Nodes: []Node{node("a", 2), node("b", 2)}, Queues: []Queue{queue("q", "", 0, -1, 1)}, Jobs: []Job{q, h, nw}}
+	r := mustSchedule(t, s, Config{})
+	require.Len(t, r.Binds, 1)
+	assert.Equal(t, []int{0}, r.Binds[0].Placement.GPUs, "a shared GPU, not a whole one")
+	r2 := mustSchedule(t, s, Config{})
+	assert.Equal(t, r.Binds, r2.Binds)
+}

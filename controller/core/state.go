@@ -37,6 +37,9 @@ type nodeState struct {
 	seen int
 	// evicted is set when a committed decision evicted a pod from here.
 	evicted bool
+	// shape numbers nodes alike when empty (capacity, labels aside, and
+	// GPUs), so that ties between them need no per-GPU comparison.
+	shape int
 }
 
 type podState struct {
@@ -137,11 +140,15 @@ type session struct {
 	log       []op
 	seenGen   int
 	scorer    scorer
+	// refiner breaks ties between equally scored placements (FGD under
+	// bin-packing); nil for spread.
+	refiner *fgdRefiner
 	// failCache remembers single-pod shapes that fit nowhere, keyed by
 	// shape, valued by the freeEpoch at the time: capacity only shrinks
 	// until something is freed, so the answer holds until then.
 	failCache map[string]failEntry
 	freeEpoch int
+	shapes    map[string]int // node shapes, see nodeShape
 }
 
 type failEntry struct {
@@ -259,7 +266,7 @@ func addRes(dst *Resources, r Resources, sign int64) {
 
 // newSession validates the snapshot and builds the cycle's state.
 func newSession(snap *Snapshot, cfg Config) (*session, error) {
-	s := &session{cfg: cfg, now: snap.Now, nodeByN: map[string]*nodeState{}, queueByN: map[string]*queueState{}, failCache: map[string]failEntry{}}
+	s := &session{cfg: cfg, now: snap.Now, nodeByN: map[string]*nodeState{}, queueByN: map[string]*queueState{}, failCache: map[string]failEntry{}, shapes: map[string]int{}}
 	if s.cfg.StaleGangTimeout == 0 {
 		s.cfg.StaleGangTimeout = DefaultStaleGangTimeout
 	}
@@ -299,6 +306,7 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 			s.maxGPUMem = max(s.maxGPUMem, g.Memory)
 		}
 		ns.freeWhole = len(ns.gpus)
+		ns.shape = s.nodeShape(ns)
 		ns.freeMilli = int64(len(ns.gpus)) * 1000
 		s.capacity[ResGPU] += ns.freeMilli
 		s.capacity[ResCPU] += n.CPU
@@ -395,6 +403,9 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 			s.pods = append(s.pods, ps)
 		}
 	}
+	if _, ok := s.scorer.(binPackScorer); ok {
+		s.refiner = newFGDRefiner(s)
+	}
 	return s, nil
 }
 
@@ -480,6 +491,24 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 		return nil, fmt.Errorf("unknown phase %q", p.Phase)
 	}
 	return ps, nil
+}
+
+// nodeShape numbers the node's capacity and GPUs (model, memory, NVLink
+// domain), giving alike nodes one number.
+func (s *session) nodeShape(n *nodeState) int {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d/%d", n.cpu, n.mem)
+	for i := range n.gpus {
+		g := &n.gpus[i]
+		fmt.Fprintf(&b, "|%s/%d/%q", g.model, g.memory, g.domain)
+	}
+	k := b.String()
+	id, ok := s.shapes[k]
+	if !ok {
+		id = len(s.shapes)
+		s.shapes[k] = id
+	}
+	return id
 }
 
 // memMilli is the milli-GPU a memory fraction takes of a GPU of gpuMem bytes.
