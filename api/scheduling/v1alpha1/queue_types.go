@@ -11,8 +11,8 @@ const Unlimited = "-1"
 // ResourceQuota bounds one resource of a queue. Quantities are in the
 // resource's own units: GPUs (fractions allowed, e.g. "0.5"), CPU cores, bytes.
 //
-// +kubebuilder:validation:XValidation:rule="!has(self.quota) || string(self.quota) == '-1' || quantity(string(self.quota)).sign() >= 0",message="quota must be >= 0, or -1 for unlimited"
-// +kubebuilder:validation:XValidation:rule="!has(self.limit) || string(self.limit) == '-1' || quantity(string(self.limit)).sign() >= 0",message="limit must be >= 0, or -1 for none"
+// +kubebuilder:validation:XValidation:rule="!has(self.quota) || string(self.quota) == '-1' || !quantity(string(self.quota)).isLessThan(quantity('0'))",message="quota must be >= 0, or -1 for unlimited"
+// +kubebuilder:validation:XValidation:rule="!has(self.limit) || string(self.limit) == '-1' || !quantity(string(self.limit)).isLessThan(quantity('0'))",message="limit must be >= 0, or -1 for none"
 // +kubebuilder:validation:XValidation:rule="!has(self.quota) || !has(self.limit) || string(self.limit) == '-1' || (string(self.quota) != '-1' && quantity(string(self.limit)).compareTo(quantity(string(self.quota))) >= 0)",message="limit must be >= quota when both are set"
 type ResourceQuota struct {
 	// Quota is the guaranteed amount; 0 means none and -1 unlimited.

@@ -1,0 +1,456 @@
+package scheduler_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/api/scheduling/crds"
+	"github.com/tessera-gpu/tessera/cdi"
+	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/controller/kube"
+	"github.com/tessera-gpu/tessera/driver"
+	"github.com/tessera-gpu/tessera/driver/deviceclasses"
+	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/test/controlplane"
+)
+
+// env is a real control plane with kwok nodes, a tessera-node (fake GPUs)
+// per node publishing its slices, and tessera-scheduler running in-process.
+type env struct {
+	t      *testing.T
+	ctx    context.Context
+	cp     *controlplane.ControlPlane
+	client kubernetes.Interface
+	dyn    dynamic.Interface
+	ns     string
+	stop   context.CancelFunc
+	sched  *kube.Scheduler
+}
+
+var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs a real control plane (etcd, kube-apiserver, kube-controller-manager, kwok); skipped with -short")
+	}
+	cp := controlplane.Start(t, controlplane.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	e := &env{t: t, ctx: ctx, cp: cp, client: cp.Client(t)}
+	var err error
+	if e.dyn, err = dynamic.NewForConfig(cp.AdminConfig); err != nil {
+		t.Fatal(err)
+	}
+	e.installCRDs()
+	classes, err := deviceclasses.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range classes {
+		if _, err := e.client.ResourceV1().DeviceClasses().Create(ctx, c, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating DeviceClass %s: %v", c.Name, err)
+		}
+	}
+	for name, value := range map[string]int32{"tessera-train": 50, "tessera-build": 100, "tessera-inference": 125} {
+		_, err := e.client.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Value: value}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	cp.StartKwok(t)
+	e.ns = cp.CreateNamespace(t, "work").Name
+	return e
+}
+
+func (e *env) installCRDs() {
+	t := e.t
+	err := fs.WalkDir(crds.FS, ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || filepath.Ext(path) != ".yaml" {
+			return err
+		}
+		data, err := crds.FS.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+		for {
+			u := &unstructured.Unstructured{}
+			if err := dec.Decode(&u.Object); err == io.EOF {
+				return nil
+			} else if err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			if len(u.Object) == 0 {
+				continue
+			}
+			if _, err := e.dyn.Resource(crdGVR).Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("creating CRD %s: %w", u.GetName(), err)
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"queues.scheduling.tessera.dev", "podgroups.scheduling.tessera.dev"} {
+		e.eventually("CRD "+name+" established", 30*time.Second, func() (bool, string) {
+			u, err := e.dyn.Resource(crdGVR).Get(e.ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+			for _, c := range conds {
+				m, _ := c.(map[string]any)
+				if m["type"] == "Established" && m["status"] == "True" {
+					return true, ""
+				}
+			}
+			return false, "not established"
+		})
+	}
+}
+
+// startScheduler runs tessera-scheduler in-process until the test ends or
+// stopScheduler is called.
+func (e *env) startScheduler(cfg core.Config) {
+	e.t.Helper()
+	s, err := kube.New(kube.Options{Client: e.client, Dynamic: e.dyn, Interval: 200 * time.Millisecond, Core: cfg})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := s.Run(ctx); err != nil {
+			e.t.Errorf("scheduler: %v", err)
+		}
+	}()
+	e.sched = s
+	e.stop = func() { cancel(); <-done }
+	e.t.Cleanup(e.stopScheduler)
+}
+
+func (e *env) stopScheduler() {
+	if e.stop != nil {
+		e.stop()
+		e.stop = nil
+	}
+}
+
+// addGPUNode adds a kwok node with a tessera-node (in-process, fake profile)
+// publishing its GPUs, and waits for the slice.
+func (e *env) addGPUNode(name, profile string) {
+	t := e.t
+	t.Helper()
+	e.cp.AddKwokNodeWith(t, &v1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Status: v1.NodeStatus{Capacity: v1.ResourceList{
+			v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi"), v1.ResourcePods: resource.MustParse("110"),
+		}},
+	})
+	inv, err := gpu.NewFake(profile, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	d, err := driver.Start(e.ctx, driver.Options{
+		NodeName:      name,
+		KubeClient:    e.client,
+		Inventory:     inv,
+		RegistrarDir:  filepath.Join(dir, "registry"),
+		PluginDataDir: filepath.Join(dir, "plugin"),
+		CDI:           cdi.Options{Root: filepath.Join(dir, "cdi"), Fake: true},
+		BootIDPath:    "",
+	})
+	if err != nil {
+		t.Fatalf("starting tessera-node for %s: %v", name, err)
+	}
+	t.Cleanup(d.Stop)
+	devs, _ := inv.Devices()
+	e.eventually("slices of "+name, 30*time.Second, func() (bool, string) {
+		n := 0
+		sl, err := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, s := range sl.Items {
+			n += len(s.Spec.Devices)
+		}
+		return n == len(devs), fmt.Sprintf("%d of %d devices published", n, len(devs))
+	})
+}
+
+func (e *env) eventually(what string, timeout time.Duration, cond func() (bool, string)) {
+	e.t.Helper()
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for {
+		ok, msg := cond()
+		if ok {
+			return
+		}
+		last = msg
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, last)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// gpuClaim describes the ResourceClaimTemplate of a test pod.
+type gpuClaim struct {
+	class  string // DeviceClass; default gpu.tessera.dev
+	count  int64  // whole GPUs (default 1)
+	memory string // for a fraction
+	nvlink bool   // matchAttribute nvlinkDomain
+}
+
+type podSpec struct {
+	name     string
+	queue    string
+	priority string // PriorityClass
+	group    string // PodGroup
+	claim    *gpuClaim
+	cpu      string
+}
+
+func (e *env) createPod(p podSpec) *v1.Pod {
+	e.t.Helper()
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: e.ns, Labels: map[string]string{}, Annotations: map[string]string{}},
+		Spec: v1.PodSpec{
+			SchedulerName:     kube.SchedulerName,
+			PriorityClassName: p.priority,
+			Containers: []v1.Container{{Name: "main", Image: "busybox"}},
+			Tolerations: []v1.Toleration{{Key: "kwok.x-k8s.io/node", Operator: v1.TolerationOpExists}},
+		},
+	}
+	if p.queue != "" {
+		pod.Labels[kube.LabelQueue] = p.queue
+	}
+	if p.group != "" {
+		pod.Annotations[kube.AnnotationPodGroup] = p.group
+	}
+	if p.cpu != "" {
+		pod.Spec.Containers[0].Resources.Requests = v1.ResourceList{v1.ResourceCPU: resource.MustParse(p.cpu)}
+	}
+	if c := p.claim; c != nil {
+		tmpl := e.claimTemplate(p.name, *c)
+		pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmpl}}
+		pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
+	}
+	created, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatalf("creating pod %s: %v", p.name, err)
+	}
+	return created
+}
+
+func (e *env) claimTemplate(name string, c gpuClaim) string {
+	e.t.Helper()
+	if c.class == "" {
+		c.class = deviceclasses.Exclusive
+	}
+	if c.count == 0 {
+		c.count = 1
+	}
+	req := resourceapi.ExactDeviceRequest{DeviceClassName: c.class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: c.count}
+	if c.memory != "" {
+		req.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(c.memory)}}
+	}
+	spec := resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &req}}}
+	if c.nvlink {
+		spec.Constraints = []resourceapi.DeviceConstraint{{MatchAttribute: ptr.To(resourceapi.FullyQualifiedName("gpu.tessera.dev/nvlinkDomain"))}}
+	}
+	tmpl := &resourceapi.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+		Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: spec}},
+	}
+	if _, err := e.client.ResourceV1().ResourceClaimTemplates(e.ns).Create(e.ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		e.t.Fatalf("creating ResourceClaimTemplate %s: %v", name, err)
+	}
+	return name
+}
+
+func (e *env) createQueue(name, parent string, gpuQuota, gpuLimit string, priority int32) {
+	e.t.Helper()
+	gpuRes := map[string]any{}
+	if gpuQuota != "" {
+		gpuRes["quota"] = gpuQuota
+	}
+	if gpuLimit != "" {
+		gpuRes["limit"] = gpuLimit
+	}
+	spec := map[string]any{"priority": int64(priority), "resources": map[string]any{"gpu": gpuRes}}
+	if parent != "" {
+		spec["parent"] = parent
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "Queue",
+		"metadata": map[string]any{"name": name},
+		"spec":     spec,
+	}}
+	if _, err := e.dyn.Resource(kube.QueueGVR).Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
+		e.t.Fatalf("creating Queue %s: %v", name, err)
+	}
+}
+
+func (e *env) createPodGroup(name, queue string, minMember int64) {
+	e.t.Helper()
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "PodGroup",
+		"metadata": map[string]any{"name": name, "namespace": e.ns},
+		"spec":     map[string]any{"minMember": minMember, "queue": queue},
+	}}
+	if _, err := e.dyn.Resource(kube.PodGroupGVR).Namespace(e.ns).Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
+		e.t.Fatalf("creating PodGroup %s: %v", name, err)
+	}
+}
+
+func (e *env) pod(name string) *v1.Pod {
+	p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return p
+}
+
+func (e *env) waitBound(names ...string) {
+	e.t.Helper()
+	for _, n := range names {
+		e.eventually("pod "+n+" bound", 60*time.Second, func() (bool, string) {
+			p := e.pod(n)
+			if p == nil {
+				return false, "gone"
+			}
+			return p.Spec.NodeName != "", pendingReason(p)
+		})
+	}
+}
+
+func pendingReason(p *v1.Pod) string {
+	for _, c := range p.Status.Conditions {
+		if c.Type == v1.PodScheduled {
+			return fmt.Sprintf("%s: %s", c.Reason, c.Message)
+		}
+	}
+	return "no PodScheduled condition"
+}
+
+// claimOf returns the allocated claim of a test pod.
+func (e *env) claimOf(pod string) *resourceapi.ResourceClaim {
+	e.t.Helper()
+	p := e.pod(pod)
+	for _, s := range p.Status.ResourceClaimStatuses {
+		if s.ResourceClaimName != nil {
+			c, err := e.client.ResourceV1().ResourceClaims(e.ns).Get(e.ctx, *s.ResourceClaimName, metav1.GetOptions{})
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			return c
+		}
+	}
+	e.t.Fatalf("pod %s has no claim", pod)
+	return nil
+}
+
+// devicesOf lists "pool/device" of a pod's allocated claim.
+func (e *env) devicesOf(pod string) []string {
+	c := e.claimOf(pod)
+	if c.Status.Allocation == nil {
+		e.t.Fatalf("claim of %s is not allocated", pod)
+	}
+	var out []string
+	for _, r := range c.Status.Allocation.Devices.Results {
+		out = append(out, r.Pool+"/"+r.Device)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// checkNoDoubleAllocation fails when a device is given to two claims beyond
+// its capacity, or a bound pod lacks its claim's allocation.
+func (e *env) checkNoDoubleAllocation() {
+	e.t.Helper()
+	claims, err := e.client.ResourceV1().ResourceClaims("").List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	used := map[string]int64{}
+	exclusive := map[string]string{}
+	for _, c := range claims.Items {
+		if c.Status.Allocation == nil {
+			continue
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			dev := r.Pool + "/" + r.Device
+			if r.ShareID == nil || len(r.ConsumedCapacity) == 0 {
+				if other, ok := exclusive[dev]; ok {
+					e.t.Errorf("device %s given to claims %s and %s", dev, other, c.Name)
+				}
+				exclusive[dev] = c.Name
+			}
+			if q, ok := r.ConsumedCapacity["memory"]; ok {
+				used[dev] += q.Value()
+			} else {
+				used[dev] += 80 << 30
+			}
+		}
+	}
+	for dev, u := range used {
+		if u > 141<<30 {
+			e.t.Errorf("device %s over-committed: %d bytes", dev, u)
+		}
+	}
+	pods, err := e.client.CoreV1().Pods("").List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if p.Spec.NodeName == "" || len(p.Spec.ResourceClaims) == 0 || p.Spec.SchedulerName != kube.SchedulerName {
+			continue
+		}
+		for _, s := range p.Status.ResourceClaimStatuses {
+			if s.ResourceClaimName == nil {
+				continue
+			}
+			c, err := e.client.ResourceV1().ResourceClaims(p.Namespace).Get(e.ctx, *s.ResourceClaimName, metav1.GetOptions{})
+			if err != nil {
+				e.t.Errorf("bound pod %s: claim %s: %v", p.Name, *s.ResourceClaimName, err)
+				continue
+			}
+			if c.Status.Allocation == nil || !slices.ContainsFunc(c.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == p.UID }) {
+				e.t.Errorf("pod %s is bound but its claim %s is not allocated and reserved for it", p.Name, c.Name)
+			}
+		}
+	}
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+func resourceQuantity(s string) *resource.Quantity { q := resource.MustParse(s); return &q }

@@ -1,0 +1,326 @@
+package scheduler_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/controller/kube"
+	"github.com/tessera-gpu/tessera/driver/deviceclasses"
+)
+
+// TestPlacement: whole GPUs, two fractions sharing one GPU, an NVLink
+// matchAttribute constraint, and a pod in an unknown queue.
+func TestPlacement(t *testing.T) {
+	e := newEnv(t)
+	e.addGPUNode("h100-0", "h100-sxm-8")
+	e.startScheduler(core.Config{})
+
+	t.Run("whole GPUs", func(t *testing.T) {
+		e.createPod(podSpec{name: "whole-1", claim: &gpuClaim{count: 1}})
+		e.createPod(podSpec{name: "whole-2", claim: &gpuClaim{count: 2}})
+		e.waitBound("whole-1", "whole-2")
+		d1, d2 := e.devicesOf("whole-1"), e.devicesOf("whole-2")
+		if len(d1) != 1 || len(d2) != 2 {
+			t.Fatalf("devices: whole-1 %v, whole-2 %v", d1, d2)
+		}
+		for _, d := range d2 {
+			if d == d1[0] {
+				t.Fatalf("GPU %s given to two exclusive claims", d)
+			}
+		}
+	})
+
+	t.Run("two fractions share one GPU", func(t *testing.T) {
+		e.createPod(podSpec{name: "mps-1", claim: &gpuClaim{class: deviceclasses.MPS, memory: "40Gi"}})
+		e.createPod(podSpec{name: "mps-2", claim: &gpuClaim{class: deviceclasses.MPS, memory: "40Gi"}})
+		e.waitBound("mps-1", "mps-2")
+		d1, d2 := e.devicesOf("mps-1"), e.devicesOf("mps-2")
+		if len(d1) != 1 || d1[0] != d2[0] {
+			t.Fatalf("fractions not packed onto one GPU: %v and %v", d1, d2)
+		}
+		for _, p := range []string{"mps-1", "mps-2"} {
+			r := e.claimOf(p).Status.Allocation.Devices.Results[0]
+			if q := r.ConsumedCapacity["memory"]; q.Cmp(*resourceQuantity("40Gi")) != 0 || r.ShareID == nil {
+				t.Errorf("%s: consumed %v, share %v; want 40Gi and a share ID", p, r.ConsumedCapacity, r.ShareID)
+			}
+		}
+		// A time-sliced fraction never joins the MPS GPU.
+		e.createPod(podSpec{name: "ts-1", claim: &gpuClaim{class: deviceclasses.TimeSlicing, memory: "20Gi"}})
+		e.waitBound("ts-1")
+		if d := e.devicesOf("ts-1"); d[0] == d1[0] {
+			t.Fatalf("time-sliced fraction placed on the MPS GPU %s", d[0])
+		}
+	})
+
+	t.Run("unknown queue", func(t *testing.T) {
+		e.createPod(podSpec{name: "lost", queue: "nope", claim: &gpuClaim{}})
+		e.eventually("pending reason", 30*time.Second, func() (bool, string) {
+			r := pendingReason(e.pod("lost"))
+			return contains(r, "queue nope does not exist"), r
+		})
+		if e.pod("lost").Spec.NodeName != "" {
+			t.Fatal("pod in an unknown queue was bound")
+		}
+	})
+	e.checkNoDoubleAllocation()
+}
+
+// TestNVLink: on a100-pcie-4 (bridged pairs 0-1 and 2-3) a 2-GPU claim with
+// matchAttribute nvlinkDomain gets a linked pair.
+func TestNVLink(t *testing.T) {
+	e := newEnv(t)
+	e.addGPUNode("a100-0", "a100-pcie-4")
+	e.startScheduler(core.Config{})
+	e.createPod(podSpec{name: "one-a", claim: &gpuClaim{}})
+	e.waitBound("one-a")
+	e.createPod(podSpec{name: "pair", claim: &gpuClaim{count: 2, nvlink: true}})
+	e.waitBound("pair")
+	devs := e.devicesOf("pair")
+	domains := e.attribute("a100-0", "gpu.tessera.dev/nvlinkDomain")
+	if len(devs) != 2 || domains[devs[0]] != domains[devs[1]] || domains[devs[0]] == "" {
+		t.Fatalf("pair got %v with domains %v", devs, domains)
+	}
+	// One GPU is left; a second linked pair cannot fit and waits, saying why.
+	e.createPod(podSpec{name: "pair-2", claim: &gpuClaim{count: 2, nvlink: true}})
+	e.eventually("pair-2 pending with a reason", 30*time.Second, func() (bool, string) {
+		r := pendingReason(e.pod("pair-2"))
+		return contains(r, "Unschedulable"), r
+	})
+	e.checkNoDoubleAllocation()
+}
+
+func (e *env) attribute(node, attr string) map[string]string {
+	out := map[string]string{}
+	sl, err := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, s := range sl.Items {
+		for _, d := range s.Spec.Devices {
+			if a, ok := d.Attributes[resourceapi.QualifiedName(attr)]; ok && a.StringValue != nil {
+				out[s.Spec.Pool.Name+"/"+d.Name] = *a.StringValue
+			}
+		}
+	}
+	return out
+}
+
+// TestGang: a 4-pod gang across 2 nodes is placed all at once; a gang that
+// does not fit stays wholly pending, then is placed whole when room appears.
+func TestGang(t *testing.T) {
+	e := newEnv(t)
+	e.addGPUNode("dgx-0", "h100-sxm-8")
+	e.addGPUNode("dgx-1", "h100-sxm-8")
+	e.startScheduler(core.Config{})
+	e.createPodGroup("train", "", 4)
+	var names []string
+	for i := 0; i < 4; i++ {
+		n := fmt.Sprintf("train-%d", i)
+		names = append(names, n)
+		e.createPod(podSpec{name: n, group: "train", claim: &gpuClaim{count: 4}})
+	}
+	e.waitBound(names...)
+	nodes := map[string]int{}
+	for _, n := range names {
+		nodes[e.pod(n).Spec.NodeName]++
+	}
+	if len(nodes) != 2 {
+		t.Fatalf("gang placed on %v; want both nodes", nodes)
+	}
+
+	e.createPodGroup("big", "", 2)
+	e.createPod(podSpec{name: "big-0", group: "big", claim: &gpuClaim{count: 8}})
+	e.createPod(podSpec{name: "big-1", group: "big", claim: &gpuClaim{count: 8}})
+	e.eventually("PodGroup big pending with a reason", 30*time.Second, func() (bool, string) {
+		u, err := e.dyn.Resource(kube.PodGroupGVR).Namespace(e.ns).Get(e.ctx, "big", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		phase, _, _ := unstructured.NestedString(u.Object, "status", "phase")
+		return phase == "Pending" && contains(pendingReason(e.pod("big-0")), "gang"), phase + " / " + pendingReason(e.pod("big-0"))
+	})
+	// Wholly pending: no member bound, no claim allocated.
+	for _, n := range []string{"big-0", "big-1"} {
+		if e.pod(n).Spec.NodeName != "" {
+			t.Fatalf("%s bound although its gang does not fit", n)
+		}
+	}
+	for _, n := range names {
+		if err := e.client.CoreV1().Pods(e.ns).Delete(e.ctx, n, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.waitBound("big-0", "big-1")
+	if e.pod("big-0").Spec.NodeName == e.pod("big-1").Spec.NodeName {
+		t.Fatal("two 8-GPU pods on one 8-GPU node")
+	}
+	e.checkNoDoubleAllocation()
+}
+
+// TestReclaimAndPreempt: a queue below its fair share reclaims from one
+// above it; inside a queue a higher-priority job preempts a lower one.
+func TestReclaimAndPreempt(t *testing.T) {
+	e := newEnv(t)
+	e.addGPUNode("dgx-0", "h100-sxm-8")
+	e.createQueue("team-a", "", "4", "", 100)
+	e.createQueue("team-b", "", "4", "", 100)
+	e.startScheduler(core.Config{DisableConsolidation: true})
+
+	var a []string
+	for i := 0; i < 8; i++ {
+		n := fmt.Sprintf("a-%d", i)
+		a = append(a, n)
+		e.createPod(podSpec{name: n, queue: "team-a", priority: "tessera-train", claim: &gpuClaim{}})
+	}
+	e.waitBound(a...)
+
+	t.Run("reclaim", func(t *testing.T) {
+		for i := 0; i < 4; i++ {
+			e.createPod(podSpec{name: fmt.Sprintf("b-%d", i), queue: "team-b", priority: "tessera-train", claim: &gpuClaim{}})
+		}
+		e.waitBound("b-0", "b-1", "b-2", "b-3")
+		left := 0
+		for _, n := range a {
+			if p := e.pod(n); p != nil && p.DeletionTimestamp == nil {
+				left++
+			}
+		}
+		if left != 4 {
+			t.Fatalf("team-a kept %d pods; reclaim should stop at its fair share of 4", left)
+		}
+		// No flapping: the state holds over more cycles.
+		time.Sleep(2 * time.Second)
+		for i := 0; i < 4; i++ {
+			if p := e.pod(fmt.Sprintf("b-%d", i)); p == nil || p.DeletionTimestamp != nil {
+				t.Fatalf("b-%d evicted after reclaim settled", i)
+			}
+		}
+		e.eventually("Queue status", 20*time.Second, func() (bool, string) {
+			u, err := e.dyn.Resource(kube.QueueGVR).Get(e.ctx, "team-b", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			alloc, _, _ := unstructured.NestedString(u.Object, "status", "resources", "gpu", "allocated")
+			fair, _, _ := unstructured.NestedString(u.Object, "status", "resources", "gpu", "fairShare")
+			return alloc == "4" && fair == "4", "allocated " + alloc + ", fair share " + fair
+		})
+	})
+
+	t.Run("preempt inside a queue", func(t *testing.T) {
+		e.createPod(podSpec{name: "b-urgent", queue: "team-b", priority: "tessera-build", claim: &gpuClaim{count: 2}})
+		e.waitBound("b-urgent")
+		gone := 0
+		for i := 0; i < 4; i++ {
+			if p := e.pod(fmt.Sprintf("b-%d", i)); p == nil || p.DeletionTimestamp != nil {
+				gone++
+			}
+		}
+		if gone != 2 {
+			t.Fatalf("%d of team-b's low-priority pods preempted; want 2", gone)
+		}
+		left := 0
+		for _, n := range a {
+			if p := e.pod(n); p != nil && p.DeletionTimestamp == nil {
+				left++
+			}
+		}
+		if left != 4 {
+			t.Fatalf("preemption reached into team-a: %d of its pods left, want 4", left)
+		}
+	})
+	e.checkNoDoubleAllocation()
+}
+
+// TestConsolidation: pods spread over two nodes are moved so an 8-GPU pod
+// gets a whole node; the moved pods (a ReplicaSet's) come back elsewhere.
+func TestConsolidation(t *testing.T) {
+	e := newEnv(t)
+	e.addGPUNode("dgx-0", "h100-sxm-8")
+	e.addGPUNode("dgx-1", "h100-sxm-8")
+	e.startScheduler(core.Config{Placement: core.Spread})
+	tmpl := e.claimTemplate("small", gpuClaim{})
+	rs := &appsv1.ReplicaSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "small", Namespace: e.ns},
+		Spec: appsv1.ReplicaSetSpec{
+			Replicas: ptr.To[int32](4),
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "small"}},
+			Template: v1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "small"}},
+				Spec: v1.PodSpec{
+					SchedulerName:     kube.SchedulerName,
+					PriorityClassName: "tessera-train",
+					Containers:        []v1.Container{{Name: "main", Image: "busybox", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}},
+					ResourceClaims:    []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmpl}},
+				},
+			},
+		},
+	}
+	if _, err := e.client.AppsV1().ReplicaSets(e.ns).Create(e.ctx, rs, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("4 small pods spread over both nodes", 60*time.Second, func() (bool, string) {
+		nodes := e.nodesOfApp("small")
+		return nodes["dgx-0"] > 0 && nodes["dgx-1"] > 0 && nodes["dgx-0"]+nodes["dgx-1"] == 4, fmt.Sprint(nodes)
+	})
+	e.stopScheduler()
+	e.startScheduler(core.Config{})
+	e.createPod(podSpec{name: "whole-node", priority: "tessera-train", claim: &gpuClaim{count: 8}})
+	e.waitBound("whole-node")
+	e.eventually("small pods re-placed", 60*time.Second, func() (bool, string) {
+		nodes := e.nodesOfApp("small")
+		other := "dgx-0"
+		if e.pod("whole-node").Spec.NodeName == "dgx-0" {
+			other = "dgx-1"
+		}
+		return nodes[other] == 4, fmt.Sprint(nodes)
+	})
+	e.checkNoDoubleAllocation()
+}
+
+func (e *env) nodesOfApp(app string) map[string]int {
+	pods, err := e.client.CoreV1().Pods(e.ns).List(e.ctx, metav1.ListOptions{LabelSelector: "app=" + app})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, p := range pods.Items {
+		if p.Spec.NodeName != "" && p.DeletionTimestamp == nil {
+			out[p.Spec.NodeName]++
+		}
+	}
+	return out
+}
+
+// TestRestartMidStream: the scheduler restarts while pods keep coming; it
+// rebuilds its state from the API and gives no device twice.
+func TestRestartMidStream(t *testing.T) {
+	e := newEnv(t)
+	e.addGPUNode("dgx-0", "h100-sxm-8")
+	e.addGPUNode("dgx-1", "h100-sxm-8")
+	e.startScheduler(core.Config{})
+	var names []string
+	for i := 0; i < 24; i++ {
+		n := fmt.Sprintf("s-%d", i)
+		names = append(names, n)
+		c := &gpuClaim{}
+		if i%3 == 0 {
+			c = &gpuClaim{class: deviceclasses.MPS, memory: "20Gi"}
+		}
+		e.createPod(podSpec{name: n, claim: c})
+		if i == 10 {
+			e.stopScheduler()
+			e.startScheduler(core.Config{})
+		}
+	}
+	e.waitBound(names...)
+	e.checkNoDoubleAllocation()
+}
