@@ -76,7 +76,9 @@ func cluster(t *testing.T) *controlplane.ControlPlane {
 		t.Skip(skipShort)
 	}
 	clusterOnce.Do(func() {
-		shared, sharedErr = controlplane.New(controlplane.Options{BinDir: controlplane.BinDir(t)}, t.Logf)
+		// The control plane outlives this test: log to stderr, not t.
+		logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+		shared, sharedErr = controlplane.New(controlplane.Options{BinDir: controlplane.BinDir(t)}, logf)
 		if sharedErr != nil {
 			return
 		}
