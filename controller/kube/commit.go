@@ -178,6 +178,12 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 				st.bound += len(jp)
 				mu.Unlock()
 				for _, p := range jp {
+					s.own.bound(p.ref.pod.Namespace, p.ref.pod.Name, p.ref.pod.UID)
+				}
+				for _, w := range written {
+					s.own.claim(w.claim.Namespace, w.claim.Name, w.claim.UID, w.claim.ResourceVersion)
+				}
+				for _, p := range jp {
 					s.recorder.Eventf(p.ref.pod, v1.EventTypeNormal, "Scheduled", "Successfully assigned %s/%s to %s", p.ref.pod.Namespace, p.ref.pod.Name, p.node)
 				}
 				return

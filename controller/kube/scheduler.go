@@ -93,6 +93,8 @@ type Scheduler struct {
 
 	// synced is set once the informers' caches are filled (readiness).
 	synced atomic.Bool
+	// own is what the last commit wrote; the next cycle waits for it.
+	own ownWrites
 }
 
 // New builds a Scheduler; Run starts it.
@@ -329,6 +331,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 
 // RunOnce runs one scheduling cycle: snapshot, decide, commit, report.
 func (s *Scheduler) RunOnce(ctx context.Context) error {
+	s.awaitOwnWrites(ctx)
 	start := time.Now()
 	snap, idx, err := s.buildSnapshot(start)
 	if err != nil {
