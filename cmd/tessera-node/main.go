@@ -179,6 +179,11 @@ func run(ctx context.Context, c config) error {
 	start := time.Now()
 	d, err := driver.Start(ctx, opts)
 	if err != nil {
+		if ctx.Err() != nil {
+			// Asked to stop while starting: a clean shutdown, not a failure.
+			logger.Info("Stopped while starting", "reason", context.Cause(ctx))
+			return nil
+		}
 		return err
 	}
 	logger.Info("Started", "node", c.nodeName, "fakeGPUs", c.fakeGPUs, "duration", time.Since(start))

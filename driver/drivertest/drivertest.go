@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/utils/ptr"
 )
 
@@ -75,7 +76,7 @@ func Result(request, pool, device, memory string) resourceapi.DeviceRequestAlloc
 	r := resourceapi.DeviceRequestAllocationResult{Request: request, Driver: "gpu.tessera.dev", Pool: pool, Device: device}
 	if memory != "" {
 		r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(memory)}
-		r.ShareID = ptr.To(types.UID("share-" + request + "-" + device))
+		r.ShareID = ptr.To(uuid.NewUUID())
 	}
 	return r
 }

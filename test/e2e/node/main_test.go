@@ -55,7 +55,7 @@ func cluster(t testing.TB) *controlplane.ControlPlane {
 		t.Skip(skipShort)
 	}
 	clusterOnce.Do(func() {
-		shared, sharedErr = controlplane.New(controlplane.Options{Scheduler: true}, t.Logf)
+		shared, sharedErr = controlplane.New(controlplane.Options{Scheduler: true}, nil)
 		if sharedErr != nil {
 			return
 		}
