@@ -31,9 +31,9 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 	seed := fs.Uint64("seed", 42, "random seed for the shuffle and the copies")
 	seeds := fs.String("seeds", "", "several seeds, e.g. 42-51 or 1,5,9: prints each and the mean (overrides --seed)")
 	asJSON := fs.Bool("json", false, "print JSON, one object per line")
-	policies := fs.String("policy", "fgd", "placement policy: fgd (default), bestfit, firstfit; a comma list compares them in one run")
+	policies := fs.String("policy", "tessera", "placement policy: tessera (default), fgd (plain FGD), bestfit, firstfit; a comma list compares them in one run")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: tessera-sim openb --nodes NODES.csv --pods PODS.csv [--tune 1.3] [--seed 42 | --seeds 42-51] [--json] [--policy fgd|bestfit|firstfit[,...]]")
+		fmt.Fprintln(stderr, "usage: tessera-sim openb --nodes NODES.csv --pods PODS.csv [--tune 1.3] [--seed 42 | --seeds 42-51] [--json] [--policy tessera|fgd|bestfit|firstfit[,...]]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

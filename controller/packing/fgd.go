@@ -19,6 +19,9 @@ type Workload struct {
 
 	gpuPerCPU, gpuPerMem float64
 	ratioVersion         uint64
+
+	fill        map[string][]float64 // per GPU model: fillValues
+	fillVersion uint64
 }
 
 // wtype is one pod shape: its CPU and memory, and its GPU class.
@@ -296,10 +299,13 @@ func (p *Placer) nodeFrag(idx int, n *NodeState) float64 {
 
 // fgdScore is −(fragmentation after − fragmentation before): the placement
 // that grows the node's fragmentation least scores highest. For a fraction
-// every distinct usable GPU state is tried.
-func (p *Placer) fgdScore(idx int, n *NodeState, r *Request) (float64, []int) {
+// every distinct usable GPU state is tried. With tessera set it adds
+// Tessera's two refinements (tessera.go); without, it is plain FGD.
+func (p *Placer) fgdScore(idx int, n *NodeState, r *Request, tessera bool) (float64, []int) {
 	w := p.Workload
 	w.prepare()
+	var fv []float64 // Tessera: the leftover's expected final waste, by GPU model
+	var fvModel string
 	before := p.nodeFrag(idx, n)
 	cpu, mem := n.FreeCPUMilli-r.CPUMilli, n.FreeMemory-r.Memory
 	p.fgd.gpus = append(p.fgd.gpus[:0], n.GPUs...)
@@ -324,6 +330,12 @@ func (p *Placer) fgdScore(idx int, n *NodeState, r *Request) (float64, []int) {
 			gs[i].FreeMilli -= r.GPUMilli
 			gs[i].Sharing = r.Sharing
 			a := p.frag(cpu, mem, gs)
+			if tessera {
+				if fv == nil || gi.Model != fvModel {
+					fv, fvModel = w.fillValues(gi.Model), gi.Model
+				}
+				a += fillWeight * (fv[gi.FreeMilli-r.GPUMilli] - fv[gi.FreeMilli])
+			}
 			gs[i] = old
 			if bestGPU < 0 || a < bestAfter ||
 				(a == bestAfter && gi.FreeMilli < n.GPUs[bestGPU].FreeMilli) {
@@ -337,6 +349,9 @@ func (p *Placer) fgdScore(idx int, n *NodeState, r *Request) (float64, []int) {
 	}
 	p.cand = g
 	score := before - after
+	if !tessera {
+		return score, g
+	}
 	// Tessera's refinement: FGD sees CPU and memory only through whether
 	// a whole pod shape still fits, so it happily spends a node's CPU where
 	// its free GPUs will need it. Add the change in the GPU share that the

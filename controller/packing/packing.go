@@ -3,11 +3,13 @@
 // scheduling core, tessera-sim and the openb replay share one scorer.
 //
 // Policies:
-//   - FGD (default): fragmentation-gradient placement. The fragmentation of a
-//     node is the free GPU capacity that the expected workload (a Workload:
-//     the mix of pod types the scheduler knows about) could not use; the pod
-//     goes where that fragmentation grows least. See fgd.go for the exact
-//     definition and Tessera's refinements.
+//   - Tessera (Default): FGD with Tessera's refinements, a CPU/memory
+//     stranding term and fill values for fractions (see tessera.go).
+//   - FGD: plain fragmentation-gradient placement, as in the FGD paper. The
+//     fragmentation of a node is the free GPU capacity that the expected
+//     workload (a Workload: the mix of pod types the scheduler knows about)
+//     could not use; the pod goes where that fragmentation grows least. See
+//     fgd.go for the exact definition.
 //   - BestFit: the feasible node left tightest in CPU and GPU (see bestfit.go).
 //   - FirstFit: the first feasible node in the order given.
 //
@@ -107,13 +109,20 @@ func (r *Request) GPUMilliTotal() int64 {
 type Policy uint8
 
 const (
-	// FGD is the default: fragmentation-aware placement.
+	// FGD is plain fragmentation-gradient placement (the FGD paper's); the
+	// default is Tessera, which refines it.
 	FGD Policy = iota
 	// BestFit picks the node left tightest in CPU and GPU.
 	BestFit
 	// FirstFit picks the first feasible node.
 	FirstFit
+	// Tessera is FGD with Tessera's refinements (see tessera.go); it is the
+	// default policy. Like FGD it falls back to BestFit without a Workload.
+	Tessera
 )
+
+// Default is the policy used when none is named.
+const Default = Tessera
 
 // String returns the policy's name as ParsePolicy accepts it.
 func (p Policy) String() string {
@@ -124,21 +133,26 @@ func (p Policy) String() string {
 		return "bestfit"
 	case FirstFit:
 		return "firstfit"
+	case Tessera:
+		return "tessera"
 	}
 	return fmt.Sprintf("Policy(%d)", uint8(p))
 }
 
-// ParsePolicy reads "fgd" (or "default" or ""), "bestfit" or "firstfit".
+// ParsePolicy reads "tessera" (or "default" or ""), "fgd", "bestfit" or
+// "firstfit".
 func ParsePolicy(s string) (Policy, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "", "default", "fgd":
+	case "", "default", "tessera":
+		return Tessera, nil
+	case "fgd":
 		return FGD, nil
 	case "bestfit", "best-fit":
 		return BestFit, nil
 	case "firstfit", "first-fit":
 		return FirstFit, nil
 	}
-	return 0, fmt.Errorf("unknown placement policy %q (want fgd, bestfit or firstfit)", s)
+	return 0, fmt.Errorf("unknown placement policy %q (want tessera, fgd, bestfit or firstfit)", s)
 }
 
 // Apply records req as allocated on node at the given GPU indices (as

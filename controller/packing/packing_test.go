@@ -1,6 +1,9 @@
 package packing
 
-import "testing"
+import (
+	"math"
+	"testing"
+)
 
 func node(cpu int64, frees ...int) NodeState {
 	n := NodeState{FreeCPUMilli: cpu, FreeMemory: 1 << 20, CPUMilli: cpu, Memory: 1 << 20}
@@ -11,7 +14,7 @@ func node(cpu int64, frees ...int) NodeState {
 }
 
 func TestParsePolicy(t *testing.T) {
-	for s, want := range map[string]Policy{"": FGD, "fgd": FGD, "default": FGD, "bestfit": BestFit, "FirstFit": FirstFit} {
+	for s, want := range map[string]Policy{"": Tessera, "tessera": Tessera, "fgd": FGD, "default": Default, "bestfit": BestFit, "FirstFit": FirstFit} {
 		got, err := ParsePolicy(s)
 		if err != nil || got != want {
 			t.Errorf("ParsePolicy(%q) = %v, %v; want %v", s, got, err, want)
@@ -88,15 +91,43 @@ func TestFGDAvoidsBreakingWholeGPUs(t *testing.T) {
 }
 
 func TestFGDPlaceDoesNotAllocate(t *testing.T) {
+	for _, pol := range []Policy{FGD, Tessera} {
+		w := NewWorkload()
+		w.Add(Request{GPUs: 1, CPUMilli: 1000}, 3)
+		w.Add(Request{GPUMilli: 250, CPUMilli: 500}, 2)
+		nodes := []NodeState{node(8000, 1000, 1000, 250, 0), node(16000, 1000, 700, 1000, 1000)}
+		p := NewPlacer(pol, w)
+		p.CacheByIndex(true)
+		req := Request{GPUMilli: 250, CPUMilli: 500}
+		p.Place(nodes, req)
+		if a := testing.AllocsPerRun(100, func() { p.Place(nodes, req) }); a != 0 {
+			t.Fatalf("%v: Place allocates %v times per call", pol, a)
+		}
+	}
+}
+
+// Fill values: a leftover no pod fits is wasted whole; one that a common
+// size fills exactly is mostly used; model constraints shape each model's V.
+func TestFillValues(t *testing.T) {
 	w := NewWorkload()
-	w.Add(Request{GPUs: 1, CPUMilli: 1000}, 3)
-	w.Add(Request{GPUMilli: 250, CPUMilli: 500}, 2)
-	nodes := []NodeState{node(8000, 1000, 1000, 250, 0), node(16000, 1000, 700, 1000, 1000)}
-	p := NewPlacer(FGD, w)
-	p.CacheByIndex(true)
-	req := Request{GPUMilli: 250, CPUMilli: 500}
-	p.Place(nodes, req)
-	if a := testing.AllocsPerRun(100, func() { p.Place(nodes, req) }); a != 0 {
-		t.Fatalf("Place allocates %v times per call", a)
+	w.Add(Request{GPUs: 1}, 3)
+	w.Add(Request{GPUMilli: 500}, 3)
+	w.Add(Request{GPUMilli: 100, Models: []string{"A"}}, 2)
+	vb := w.fillValues("B")
+	if vb[0] != 0 || math.Abs(vb[499]-499) > 1e-6 || vb[500] > 50 || vb[1000] > 50 || vb[999] >= vb[499]+500 {
+		t.Fatalf("model B: V[0]=%v V[499]=%v V[500]=%v V[999]=%v V[1000]=%v", vb[0], vb[499], vb[500], vb[999], vb[1000])
+	}
+	for f, v := range vb {
+		if v < 0 || v > float64(f)+1e-9 {
+			t.Fatalf("model B: V[%d] = %v outside [0, %d]", f, v, f)
+		}
+	}
+	va := w.fillValues("A")
+	if va[150] >= vb[150] || math.Abs(va[99]-99) > 1e-6 {
+		t.Fatalf("model A's 100-milli pods should make a 150 leftover less wasted: A %v, B %v", va[150], vb[150])
+	}
+	w.Add(Request{GPUMilli: 50}, 1)
+	if w.fillValues("B")[99] >= 99 {
+		t.Fatal("fill values not recomputed after the workload changed")
 	}
 }

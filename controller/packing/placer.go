@@ -112,8 +112,8 @@ func (p *Placer) observe(n *NodeState) {
 // score dispatches to the policy; idx is the node's index for FGD's cache
 // (-1: uncached).
 func (p *Placer) score(idx int, n *NodeState, r *Request) (float64, []int) {
-	if p.Policy == FGD && p.Workload != nil && p.Workload.total > 0 {
-		return p.fgdScore(idx, n, r)
+	if (p.Policy == FGD || p.Policy == Tessera) && p.Workload != nil && p.Workload.total > 0 {
+		return p.fgdScore(idx, n, r, p.Policy == Tessera)
 	}
 	return p.bestFitScore(n, r)
 }
