@@ -138,12 +138,14 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 		for _, p := range jp {
 			for _, c := range p.ref.claims {
 				a, ok := p.allocs[c.Name]
-				c2, err := s.reserveClaim(ctx, c, a, ok, p.ref.pod)
+				c2, added, err := s.reserveClaim(ctx, c, a, ok, p.ref.pod)
 				if err != nil {
 					failure = fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
 					break
 				}
-				written = append(written, writtenClaim{claim: c2, fresh: ok})
+				if ok || added {
+					written = append(written, writtenClaim{claim: c2, fresh: ok})
+				}
 			}
 			if failure != nil {
 				break
@@ -152,12 +154,7 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 		if failure == nil {
 			var bound []*v1.Pod
 			for _, p := range jp {
-				err := retry.OnError(retry.DefaultBackoff, retriable, func() error {
-					return s.client.CoreV1().Pods(p.ref.pod.Namespace).Bind(ctx, &v1.Binding{
-						ObjectMeta: metav1.ObjectMeta{Name: p.ref.pod.Name, UID: p.ref.pod.UID},
-						Target:     v1.ObjectReference{Kind: "Node", Name: p.node},
-					}, metav1.CreateOptions{})
-				})
+				err := s.bind(ctx, p.ref.pod, p.node)
 				if err != nil {
 					failure = fmt.Errorf("binding pod %s/%s: %w", p.ref.pod.Namespace, p.ref.pod.Name, err)
 					break
@@ -207,6 +204,25 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 		mu.Unlock()
 	})
 	return st
+}
+
+// bind binds a pod. A pod already bound to the same node counts as bound:
+// after a restart or a failover the previous leader's last binds may not
+// have reached the informers yet.
+func (s *Scheduler) bind(ctx context.Context, pod *v1.Pod, node string) error {
+	err := retry.OnError(retry.DefaultBackoff, retriable, func() error {
+		return s.client.CoreV1().Pods(pod.Namespace).Bind(ctx, &v1.Binding{
+			ObjectMeta: metav1.ObjectMeta{Name: pod.Name, UID: pod.UID},
+			Target:     v1.ObjectReference{Kind: "Node", Name: node},
+		}, metav1.CreateOptions{})
+	})
+	if apierrors.IsConflict(err) {
+		cur, gerr := s.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if gerr == nil && cur.UID == pod.UID && cur.Spec.NodeName == node {
+			return nil
+		}
+	}
+	return err
 }
 
 func retriable(err error) bool {
@@ -384,10 +400,9 @@ func slicesFilter[T any](in []T, keep func(T) bool) []T {
 // reserveClaim writes a claim's allocation (when it has a new one) and
 // reserves it for the pod: the delete-protection finalizer first, then
 // status.allocation and reservedFor, retried on conflict.
-func (s *Scheduler) reserveClaim(ctx context.Context, c *resourceapi.ResourceClaim, a *resourceapi.AllocationResult, fresh bool, pod *v1.Pod) (*resourceapi.ResourceClaim, error) {
+func (s *Scheduler) reserveClaim(ctx context.Context, c *resourceapi.ResourceClaim, a *resourceapi.AllocationResult, fresh bool, pod *v1.Pod) (out *resourceapi.ResourceClaim, added bool, _ error) {
 	claims := s.client.ResourceV1().ResourceClaims(c.Namespace)
 	cur := c
-	var out *resourceapi.ResourceClaim
 	first := true
 	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		if !first {
@@ -425,22 +440,23 @@ func (s *Scheduler) reserveClaim(ctx context.Context, c *resourceapi.ResourceCla
 			upd.Status.ReservedFor = append(upd.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: pod.Name, UID: pod.UID})
 		}
 		if !fresh && reserved {
-			out = upd
+			out, added = upd, false
 			return nil
 		}
 		res, err := claims.UpdateStatus(ctx, upd, metav1.UpdateOptions{})
 		if err != nil {
 			return err
 		}
-		out = res
+		out, added = res, !reserved
 		return nil
 	})
-	return out, err
+	return out, added, err
 }
 
 // releaseClaim undoes reserveClaim for a job that could not be committed
-// whole: the job's pods leave reservedFor, and a claim this commit allocated
-// that nobody else reserves loses its allocation, then the finalizer.
+// whole: the job's pods leave reservedFor (only reservations this commit
+// added are written), and a claim this commit allocated that nobody else
+// reserves loses its allocation, then the finalizer.
 func (s *Scheduler) releaseClaim(ctx context.Context, w writtenClaim, podUIDs sets.Set[types.UID]) error {
 	claims := s.client.ResourceV1().ResourceClaims(w.claim.Namespace)
 	return retry.RetryOnConflict(retry.DefaultBackoff, func() error {

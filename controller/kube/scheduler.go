@@ -305,6 +305,9 @@ func (s *Scheduler) Synced() bool { return s.synced.Load() }
 // relevant change.
 func (s *Scheduler) Run(ctx context.Context) error {
 	if err := s.Start(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
 		return err
 	}
 	defer s.broadcaster.Shutdown()

@@ -312,7 +312,7 @@ func TestRestartMidStream(t *testing.T) {
 		n := fmt.Sprintf("s-%d", i)
 		names = append(names, n)
 		c := &gpuClaim{}
-		if i%3 == 0 {
+		if i%2 == 0 {
 			c = &gpuClaim{class: deviceclasses.MPS, memory: "20Gi"}
 		}
 		e.createPod(podSpec{name: n, claim: c})
