@@ -169,7 +169,9 @@ func TestControlPlane(t *testing.T) {
 		slice := &resourcev1.ResourceSlice{
 			ObjectMeta: metav1.ObjectMeta{Name: "features"},
 			Spec: resourcev1.ResourceSliceSpec{
-				Driver:   "gpu.tessera.dev",
+				// Not Tessera's driver, so the pending pod of
+				// ClaimFromTemplate does not see this device.
+				Driver:   "features.test.tessera.dev",
 				Pool:     resourcev1.ResourcePool{Name: "features", ResourceSliceCount: 1},
 				AllNodes: ptr.To(true),
 				Devices: []resourcev1.Device{{
@@ -195,7 +197,7 @@ func TestControlPlane(t *testing.T) {
 		rule := &resourcev1beta2.DeviceTaintRule{
 			ObjectMeta: metav1.ObjectMeta{Name: "drain-gpu-0"},
 			Spec: resourcev1beta2.DeviceTaintRuleSpec{
-				DeviceSelector: &resourcev1beta2.DeviceTaintSelector{Driver: ptr.To("gpu.tessera.dev"), Device: ptr.To("gpu-0")},
+				DeviceSelector: &resourcev1beta2.DeviceTaintSelector{Driver: ptr.To("features.test.tessera.dev"), Device: ptr.To("gpu-0")},
 				Taint:          resourcev1beta2.DeviceTaint{Key: "gpu.tessera.dev/drain", Effect: resourcev1beta2.DeviceTaintEffectNoSchedule},
 			},
 		}

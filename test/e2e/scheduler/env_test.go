@@ -243,8 +243,8 @@ func (e *env) createPod(p podSpec) *v1.Pod {
 		Spec: v1.PodSpec{
 			SchedulerName:     kube.SchedulerName,
 			PriorityClassName: p.priority,
-			Containers: []v1.Container{{Name: "main", Image: "busybox"}},
-			Tolerations: []v1.Toleration{{Key: "kwok.x-k8s.io/node", Operator: v1.TolerationOpExists}},
+			Containers:        []v1.Container{{Name: "main", Image: "busybox"}},
+			Tolerations:       []v1.Toleration{{Key: "kwok.x-k8s.io/node", Operator: v1.TolerationOpExists}},
 		},
 	}
 	if p.queue != "" {
