@@ -3,6 +3,9 @@ package node
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -85,10 +88,19 @@ func TestStockSchedulerAndPrepare(t *testing.T) {
 	ns := "sched"
 	c.CreateNamespace(t, ns)
 
-	d := e.start(t, prometheus.NewRegistry())
+	reg := prometheus.NewRegistry()
+	d := e.start(t, reg)
 	defer d.Stop()
 	k := register(t, e.registrar)
 	waitSlices(t, client, e.name, time.Minute, func(s []resourceapi.ResourceSlice) bool { return len(sliceDevices(s)) == 8 })
+	srv := httptest.NewServer(d.HTTPHandler(reg))
+	defer srv.Close()
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get(srv.URL + path)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusOK, resp.StatusCode, path)
+	}
 
 	claims := []*resourceapi.ResourceClaim{
 		gpuClaim(ns, "whole", deviceclasses.Exclusive, 1, ""),
@@ -180,16 +192,38 @@ func TestStockSchedulerAndPrepare(t *testing.T) {
 	assert.Equal(t, "Default", env[cdi.EnvTimeSliceInterval])
 	assert.Equal(t, "17179869184", env[cdi.EnvGPUMemory])
 
+	// Metrics follow the checkpoint.
+	metrics := scrape(t, srv.URL)
+	assert.Contains(t, metrics, "tessera_node_prepared_claims 4")
+	assert.Contains(t, metrics, `tessera_node_gpu_memory_allocated_bytes{gpu="gpu-0",uuid="`+uuid(0)+`"} 8.589934592e+10`)
+	assert.Contains(t, metrics, `tessera_node_gpu_memory_allocated_bytes{gpu="gpu-1",uuid="`+uuid(1)+`"} 8.589934592e+10`)
+	assert.Contains(t, metrics, `tessera_node_gpu_memory_allocated_bytes{gpu="gpu-2",uuid="`+uuid(2)+`"} 1.7179869184e+10`)
+	assert.Contains(t, metrics, "tessera_node_mps_daemons 1")
+	assert.Contains(t, metrics, `tessera_node_prepare_duration_seconds_count{operation="prepare"} 4`)
+
 	// Unprepare: specs go, the MPS daemon quits with the last MPS claim.
 	k.mustUnprepare(t, allocated["mps-1"])
 	assert.Len(t, drivertest.Record(t, e.record), 1)
 	k.mustUnprepare(t, allocated["mps-2"], allocated["whole"], allocated["ts"])
 	assert.Equal(t, []string{"start_" + uuid(0), "quit_" + uuid(0)}, drivertest.Record(t, e.record))
 	assert.Equal(t, gpu.ComputeModeDefault, e.fake.ComputeMode(0))
+	metrics = scrape(t, srv.URL)
+	assert.Contains(t, metrics, "tessera_node_prepared_claims 0")
+	assert.Contains(t, metrics, "tessera_node_mps_daemons 0")
 	for _, cl := range allocated {
 		_, err := readSpecErr(e.cdi, string(cl.UID))
 		assert.Error(t, err, "spec of %s removed", cl.Name)
 	}
+}
+
+func scrape(t testing.TB, url string) string {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(body)
 }
 
 func ptrValue(q resource.Quantity) int64 { return q.Value() }
