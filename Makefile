@@ -7,7 +7,7 @@ COMMANDS := $(notdir $(wildcard cmd/*))
 # Go test timeout: the integration packages start a real control plane.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: all build test unit lint controlplane scenarios clean generate
+.PHONY: all build test unit lint controlplane scenarios clean generate scale
 
 all: build
 
@@ -44,3 +44,9 @@ CONTROLLER_GEN := cd hack/tools && GOFLAGS=-mod=mod $(GO) run sigs.k8s.io/contro
 generate:
 	$(CONTROLLER_GEN) object:headerFile=/dev/null paths=$(CURDIR)/api/scheduling/... 
 	$(CONTROLLER_GEN) crd paths=$(CURDIR)/api/scheduling/... output:crd:artifacts:config=$(CURDIR)/api/scheduling/crds
+
+# The scale benchmark (issue 5): 500 kwok nodes × 8 GPUs filled with 4,000 DRA
+# pods by tessera-scheduler and by kube-scheduler, and the API server's write
+# ceiling, in one run. Takes minutes and the whole machine; not part of `test`.
+scale: controlplane
+	TESSERA_SCALE=1 TESSERA_BIN_DIR=$$(hack/build-controlplane.sh) $(GO) test -count=1 -timeout 60m -v -run TestScale ./test/scale/ 2>&1 | grep -E '^(=== RUN|--- |\s+scale_test.go|ok|FAIL|PASS)'

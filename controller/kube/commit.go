@@ -346,12 +346,17 @@ func (s *Scheduler) allocate(ctx context.Context, ref *podRef, idx *cycleIndex, 
 	for _, g := range pl.GPUs {
 		chosen.Insert(deviceName(g))
 	}
-	all, err := s.sliceLister.List(everything)
+	local, err := s.sliceIndexer.ByIndex(sliceNodeIndex, pl.Node)
+	if err != nil {
+		return nil, fmt.Errorf("listing ResourceSlices: %w", err)
+	}
+	shared, err := s.sliceIndexer.ByIndex(sliceNodeIndex, "")
 	if err != nil {
 		return nil, fmt.Errorf("listing ResourceSlices: %w", err)
 	}
 	var slices []*resourceapi.ResourceSlice
-	for _, sl := range all {
+	for _, obj := range append(local, shared...) {
+		sl := obj.(*resourceapi.ResourceSlice)
 		onNode := sl.Spec.NodeName != nil && *sl.Spec.NodeName == pl.Node
 		if !onNode && (sl.Spec.AllNodes == nil || !*sl.Spec.AllNodes) && sl.Spec.NodeSelector == nil {
 			continue

@@ -32,6 +32,10 @@ import (
 
 var everything = labels.Everything()
 
+// sliceNodeIndex indexes ResourceSlices by spec.nodeName ("" for slices
+// not local to one node).
+const sliceNodeIndex = "node"
+
 // GVRs of Tessera's CRDs.
 var (
 	QueueGVR    = schema.GroupVersionResource{Group: schedv1.GroupName, Version: "v1alpha1", Resource: "queues"}
@@ -68,6 +72,7 @@ type Scheduler struct {
 	classLister    resourcelisters.DeviceClassLister
 	sliceLister    resourcelisters.ResourceSliceLister
 	priorityLister schedulinglisters.PriorityClassLister
+	sliceIndexer   cache.Indexer
 	queueInformer  cache.SharedIndexInformer
 	groupInformer  cache.SharedIndexInformer
 	celCache       *cel.Cache
@@ -137,6 +142,18 @@ func New(opts Options) (*Scheduler, error) {
 	s.classLister = s.factory.Resource().V1().DeviceClasses().Lister()
 	s.sliceLister = s.factory.Resource().V1().ResourceSlices().Lister()
 	s.priorityLister = s.factory.Scheduling().V1().PriorityClasses().Lister()
+	sliceInformer := s.factory.Resource().V1().ResourceSlices().Informer()
+	// Slices by node, so a commit reads one node's slices, not the cluster's.
+	if err := sliceInformer.AddIndexers(cache.Indexers{sliceNodeIndex: func(obj any) ([]string, error) {
+		sl, ok := obj.(*resourceapi.ResourceSlice)
+		if !ok || sl.Spec.NodeName == nil {
+			return []string{""}, nil
+		}
+		return []string{*sl.Spec.NodeName}, nil
+	}}); err != nil {
+		return nil, err
+	}
+	s.sliceIndexer = sliceInformer.GetIndexer()
 	s.queueInformer = s.dfactory.ForResource(QueueGVR).Informer()
 	s.groupInformer = s.dfactory.ForResource(PodGroupGVR).Informer()
 

@@ -1,11 +1,8 @@
 package scheduler_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"io/fs"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -19,13 +16,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-gpu/tessera/api/scheduling/crds"
 	"github.com/tessera-gpu/tessera/cdi"
 	"github.com/tessera-gpu/tessera/controller/core"
 	"github.com/tessera-gpu/tessera/controller/kube"
@@ -33,6 +27,7 @@ import (
 	"github.com/tessera-gpu/tessera/driver/deviceclasses"
 	"github.com/tessera-gpu/tessera/gpu"
 	"github.com/tessera-gpu/tessera/test/controlplane"
+	"github.com/tessera-gpu/tessera/test/framework"
 )
 
 // env is a real control plane with kwok nodes, a tessera-node (fake GPUs)
@@ -48,8 +43,6 @@ type env struct {
 	sched  *kube.Scheduler
 }
 
-var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
-
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	if testing.Short() {
@@ -64,14 +57,8 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	e.installCRDs()
-	classes, err := deviceclasses.Load()
-	if err != nil {
+	if err := framework.ApplyDeviceClasses(ctx, e.client); err != nil {
 		t.Fatal(err)
-	}
-	for _, c := range classes {
-		if _, err := e.client.ResourceV1().DeviceClasses().Create(ctx, c, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("creating DeviceClass %s: %v", c.Name, err)
-		}
 	}
 	for name, value := range map[string]int32{"tessera-train": 50, "tessera-build": 100, "tessera-inference": 125} {
 		_, err := e.client.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Value: value}, metav1.CreateOptions{})
@@ -85,49 +72,8 @@ func newEnv(t *testing.T) *env {
 }
 
 func (e *env) installCRDs() {
-	t := e.t
-	err := fs.WalkDir(crds.FS, ".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || filepath.Ext(path) != ".yaml" {
-			return err
-		}
-		data, err := crds.FS.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-		for {
-			u := &unstructured.Unstructured{}
-			if err := dec.Decode(&u.Object); err == io.EOF {
-				return nil
-			} else if err != nil {
-				return fmt.Errorf("%s: %w", path, err)
-			}
-			if len(u.Object) == 0 {
-				continue
-			}
-			if _, err := e.dyn.Resource(crdGVR).Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
-				return fmt.Errorf("creating CRD %s: %w", u.GetName(), err)
-			}
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{"queues.scheduling.tessera.dev", "podgroups.scheduling.tessera.dev"} {
-		e.eventually("CRD "+name+" established", 30*time.Second, func() (bool, string) {
-			u, err := e.dyn.Resource(crdGVR).Get(e.ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return false, err.Error()
-			}
-			conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-			for _, c := range conds {
-				m, _ := c.(map[string]any)
-				if m["type"] == "Established" && m["status"] == "True" {
-					return true, ""
-				}
-			}
-			return false, "not established"
-		})
+	if err := framework.InstallCRDs(e.ctx, e.dyn); err != nil {
+		e.t.Fatal(err)
 	}
 }
 
