@@ -17,6 +17,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
@@ -42,6 +43,16 @@ func gpuClaim(ns, name, class string, index int, memory string) *resourceapi.Res
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &req}}}},
 	}
+}
+
+// withConfig adds a claim-level opaque GpuConfig.
+func withConfig(c *resourceapi.ResourceClaim, params string) *resourceapi.ResourceClaim {
+	c.Spec.Devices.Config = append(c.Spec.Devices.Config, resourceapi.DeviceClaimConfiguration{
+		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+			Driver: "gpu.tessera.dev", Parameters: runtime.RawExtension{Raw: []byte(params)},
+		}},
+	})
+	return c
 }
 
 func podFor(ns, name, claim string) *corev1.Pod {
@@ -106,7 +117,8 @@ func TestStockSchedulerAndPrepare(t *testing.T) {
 		gpuClaim(ns, "whole", deviceclasses.Exclusive, 1, ""),
 		gpuClaim(ns, "mps-1", deviceclasses.MPS, 0, "40Gi"),
 		gpuClaim(ns, "mps-2", deviceclasses.MPS, 0, "40Gi"),
-		gpuClaim(ns, "ts", deviceclasses.TimeSlicing, 2, "16Gi"),
+		withConfig(gpuClaim(ns, "ts", deviceclasses.TimeSlicing, 2, "16Gi"),
+			`{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"timeSlicing":{"interval":"Long"}}}`),
 	}
 	for _, cl := range claims {
 		_, err := client.ResourceV1().ResourceClaims(ns).Create(ctx, cl, metav1.CreateOptions{})
@@ -189,7 +201,8 @@ func TestStockSchedulerAndPrepare(t *testing.T) {
 	env = envOf(t, readSpec(t, e.cdi, string(allocated["ts"].UID)))
 	assert.Equal(t, uuid(2), env[cdi.EnvNvidiaVisibleDevices])
 	assert.Equal(t, "TimeSlicing", env[cdi.EnvSharing])
-	assert.Equal(t, "Default", env[cdi.EnvTimeSliceInterval])
+	assert.Equal(t, "Long", env[cdi.EnvTimeSliceInterval], "the claim's config merges over the class's")
+	assert.Equal(t, gpu.TimeSliceLong, e.fake.TimeSlice(2), "interval set through NVML")
 	assert.Equal(t, "17179869184", env[cdi.EnvGPUMemory])
 
 	// Metrics follow the checkpoint.
@@ -207,6 +220,7 @@ func TestStockSchedulerAndPrepare(t *testing.T) {
 	k.mustUnprepare(t, allocated["mps-2"], allocated["whole"], allocated["ts"])
 	assert.Equal(t, []string{"start_" + uuid(0), "quit_" + uuid(0)}, drivertest.Record(t, e.record))
 	assert.Equal(t, gpu.ComputeModeDefault, e.fake.ComputeMode(0))
+	assert.Equal(t, gpu.TimeSliceDefault, e.fake.TimeSlice(2))
 	metrics = scrape(t, srv.URL)
 	assert.Contains(t, metrics, "tessera_node_prepared_claims 0")
 	assert.Contains(t, metrics, "tessera_node_mps_daemons 0")
