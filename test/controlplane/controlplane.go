@@ -38,6 +38,8 @@ const EnvKeep = "TESSERA_KEEP_CONTROLPLANE"
 // no group but system:authenticated, so RBAC grants it nothing by default.
 const RestrictedUser = "tessera-restricted"
 
+const frontProxyUser = "front-proxy-client"
+
 // ServiceCIDR is the service cluster IP range of the apiserver.
 const ServiceCIDR = "10.96.0.0/16"
 
@@ -232,6 +234,12 @@ func (cp *ControlPlane) writePKI() error {
 	if err != nil {
 		return err
 	}
+	// The front-proxy identity, so aggregated API servers (and the
+	// components' delegated authentication) find a request-header CA.
+	proxyClient, proxyClientKey, err := ca.issue(frontProxyUser, nil, false, nil, nil)
+	if err != nil {
+		return err
+	}
 	saKey, saPub, err := newServiceAccountKey()
 	if err != nil {
 		return err
@@ -241,14 +249,16 @@ func (cp *ControlPlane) writePKI() error {
 	cp.ServiceAccountKeyFile = cp.path("sa.key")
 	cp.ServiceAccountIssuer = "https://kubernetes.default.svc.cluster.local"
 	return writeFiles(map[string][]byte{
-		cp.CAFile:                     ca.certPEM,
-		cp.CAKeyFile:                  ca.keyPEM,
-		cp.path("apiserver.crt"):      serving,
-		cp.path("apiserver.key"):      servingKey,
-		cp.path("kubelet-client.crt"): kubeletClient,
-		cp.path("kubelet-client.key"): kubeletClientKey,
-		cp.ServiceAccountKeyFile:      saKey,
-		cp.path("sa.pub"):             saPub,
+		cp.CAFile:                         ca.certPEM,
+		cp.CAKeyFile:                      ca.keyPEM,
+		cp.path("apiserver.crt"):          serving,
+		cp.path("apiserver.key"):          servingKey,
+		cp.path("kubelet-client.crt"):     kubeletClient,
+		cp.path("kubelet-client.key"):     kubeletClientKey,
+		cp.path("front-proxy-client.crt"): proxyClient,
+		cp.path("front-proxy-client.key"): proxyClientKey,
+		cp.ServiceAccountKeyFile:          saKey,
+		cp.path("sa.pub"):                 saPub,
 	})
 }
 
@@ -305,6 +315,14 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context, etcdPort, port int) 
 		"--kubelet-preferred-address-types=InternalIP",
 		"--kubelet-client-certificate=" + cp.path("kubelet-client.crt"),
 		"--kubelet-client-key=" + cp.path("kubelet-client.key"),
+		"--requestheader-client-ca-file=" + cp.CAFile,
+		"--requestheader-allowed-names=" + frontProxyUser,
+		"--requestheader-username-headers=X-Remote-User",
+		"--requestheader-uid-headers=X-Remote-Uid",
+		"--requestheader-group-headers=X-Remote-Group",
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+		"--proxy-client-cert-file=" + cp.path("front-proxy-client.crt"),
+		"--proxy-client-key-file=" + cp.path("front-proxy-client.key"),
 		"--runtime-config=" + strings.Join(append(slices.Clone(defaultRuntimeConfig), cp.opts.RuntimeConfig...), ","),
 		"--feature-gates=" + cp.featureGates(),
 		"--profiling=false",
@@ -536,7 +554,13 @@ func (cp *ControlPlane) Stop(failed bool) {
 			cp.logf("---- last lines of %s ----\n%s", p.logPath, p.tail(30))
 		}
 	}
-	if failed || os.Getenv(EnvKeep) != "" {
+	keep := os.Getenv(EnvKeep) != ""
+	if failed && !keep {
+		// etcd's data (a 64 MB preallocated WAL) rarely helps a post-mortem
+		// and would fill /tmp over many failing runs; the logs stay.
+		_ = os.RemoveAll(cp.path("etcd-data"))
+	}
+	if failed || keep {
 		cp.logf("control plane stopped; kept its dir %s (certs, kubeconfigs, logs)", cp.Dir)
 		return
 	}

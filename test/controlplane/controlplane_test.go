@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -312,4 +313,29 @@ func recordedPIDs(t *testing.T, dir string) map[string]int {
 		pids[strings.TrimSuffix(filepath.Base(f), ".pid")] = pid
 	}
 	return pids
+}
+
+// TestStartFailureShowsLog checks that a component that dies at start fails
+// the start with its log's tail, and leaves no process behind.
+func TestStartFailureShowsLog(t *testing.T) {
+	bin := controlplane.BinDir(t)
+	var logged []string
+	logf := func(format string, args ...any) { logged = append(logged, fmt.Sprintf(format, args...)) }
+	_, err := controlplane.New(controlplane.Options{BinDir: bin, APIServerArgs: []string{"--no-such-flag"}}, logf)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "kube-apiserver exited")
+	require.Contains(t, err.Error(), "no-such-flag", "the error carries the log tail")
+
+	// The kept dir is named in the log; its processes are gone.
+	var dir string
+	for _, l := range logged {
+		if _, after, ok := strings.Cut(l, "kept its dir "); ok {
+			dir, _, _ = strings.Cut(after, " ")
+		}
+	}
+	require.NotEmpty(t, dir, "kept dir not logged: %q", logged)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	for name, pid := range recordedPIDs(t, dir) {
+		require.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH, "%s (pid %d) still running", name, pid)
+	}
 }
