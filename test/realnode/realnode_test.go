@@ -3,6 +3,8 @@ package realnode_test
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +21,7 @@ import (
 // through the apiserver and the kubelet.
 func TestBusyboxPods(t *testing.T) {
 	cp := controlplane.Start(t, controlplane.Options{})
+	checkTeardown(t)
 	node := realnode.Start(t, cp, realnode.Options{})
 	client := cp.Client(t)
 	ctx := context.Background()
@@ -57,4 +60,35 @@ func TestBusyboxPods(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// checkTeardown verifies, after the node's cleanup, that the host is as it
+// was: the kubelet's sysctls restored, nothing mounted under the kubelet's
+// root or the node's state, no pod cgroups, no CNI bridge.
+func checkTeardown(t *testing.T) {
+	sysctls := []string{"vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops"}
+	before := map[string]string{}
+	for _, k := range sysctls {
+		b, _ := os.ReadFile("/proc/sys/" + k)
+		before[k] = string(b)
+	}
+	t.Cleanup(func() {
+		for _, k := range sysctls {
+			if b, _ := os.ReadFile("/proc/sys/" + k); string(b) != before[k] {
+				t.Errorf("sysctl %s = %q after teardown, was %q", k, b, before[k])
+			}
+		}
+		mounts, _ := os.ReadFile("/proc/self/mountinfo")
+		for _, dir := range []string{" /var/lib/kubelet", " /var/lib/tessera-realnode"} {
+			if strings.Contains(string(mounts), dir) {
+				t.Errorf("mounts under %s remain after teardown", dir)
+			}
+		}
+		if m, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods"); len(m) > 0 {
+			t.Errorf("pod cgroups remain after teardown: %v", m)
+		}
+		if _, err := net.InterfaceByName("tessera0"); err == nil {
+			t.Errorf("CNI bridge tessera0 remains after teardown")
+		}
+	})
 }
