@@ -30,6 +30,9 @@ type cycleIndex struct {
 	jobs map[string]*jobRef
 	// queues holds the names of the Queue objects (not the implicit ones).
 	queues map[string]*schedv1.Queue
+	// taintedNodes and taintedGPUs say whether any node or GPU has a
+	// scheduling taint, so pods need a feasibility check at all.
+	taintedNodes, taintedGPUs bool
 }
 
 type podRef struct {
@@ -148,6 +151,12 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 		}
 		if g != nil {
 			cn.GPUs = g.gpus
+			idx.taintedGPUs = idx.taintedGPUs || len(g.tainted) > 0
+		}
+		for _, t := range n.Spec.Taints {
+			if t.Effect == v1.TaintEffectNoSchedule || t.Effect == v1.TaintEffectNoExecute {
+				idx.taintedNodes = true
+			}
 		}
 		snap.Nodes = append(snap.Nodes, cn)
 	}
@@ -187,6 +196,15 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 			continue
 		}
 		cp := core.Pod{Name: key, Request: e.req, NodeSelector: pod.Spec.NodeSelector, Phase: core.PodPending}
+		if !bound {
+			f, err := s.feasibility(pod, e.claims, idx)
+			if err != nil {
+				idx.problems = append(idx.problems, core.PendingPod{Pod: key, Reason: err.Error()})
+				idx.pods[key] = &podRef{pod: pod}
+				continue
+			}
+			cp.Feasible = f
+		}
 		if bound {
 			cp.Phase = core.PodBound
 			if pod.Status.Phase == v1.PodRunning {

@@ -25,6 +25,8 @@ type nodeGPUs struct {
 	byDevice map[string]int
 	// tainted holds device names with a NoSchedule or NoExecute taint.
 	tainted map[string]bool
+	// devices by GPU index, for CEL selectors.
+	devices map[int]*resourceapi.Device
 	// pool and generation identify the slices the GPUs came from.
 	pool       string
 	generation int64
@@ -33,7 +35,7 @@ type nodeGPUs struct {
 // gpusFromSlices reads the Tessera devices of one node's ResourceSlices. Only
 // the newest generation of a pool counts, as the DRA API specifies.
 func gpusFromSlices(slices []*resourceapi.ResourceSlice) *nodeGPUs {
-	out := &nodeGPUs{byDevice: map[string]int{}, tainted: map[string]bool{}}
+	out := &nodeGPUs{byDevice: map[string]int{}, tainted: map[string]bool{}, devices: map[int]*resourceapi.Device{}}
 	for _, s := range slices {
 		if s.Spec.Driver == DriverName && s.Spec.Pool.Generation > out.generation {
 			out.generation = s.Spec.Pool.Generation
@@ -44,7 +46,8 @@ func gpusFromSlices(slices []*resourceapi.ResourceSlice) *nodeGPUs {
 		if s.Spec.Driver != DriverName || s.Spec.Pool.Generation != out.generation {
 			continue
 		}
-		for _, d := range s.Spec.Devices {
+		for i := range s.Spec.Devices {
+			d := &s.Spec.Devices[i]
 			g := core.GPU{Index: -1}
 			if a, ok := d.Attributes[attrIndex]; ok && a.IntValue != nil {
 				g.Index = int(*a.IntValue)
@@ -69,6 +72,7 @@ func gpusFromSlices(slices []*resourceapi.ResourceSlice) *nodeGPUs {
 				}
 			}
 			out.byDevice[d.Name] = len(out.gpus)
+			out.devices[g.Index] = d
 			out.gpus = append(out.gpus, g)
 		}
 	}

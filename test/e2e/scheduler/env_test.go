@@ -107,11 +107,12 @@ func (e *env) stopScheduler() {
 
 // addGPUNode adds a kwok node with a tessera-node (in-process, fake profile)
 // publishing its GPUs, and waits for the slice.
-func (e *env) addGPUNode(name, profile string) {
+func (e *env) addGPUNode(name, profile string, taints ...v1.Taint) {
 	t := e.t
 	t.Helper()
 	e.cp.AddKwokNodeWith(t, &v1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       v1.NodeSpec{Taints: taints},
 		Status: v1.NodeStatus{Capacity: v1.ResourceList{
 			v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi"), v1.ResourcePods: resource.MustParse("110"),
 		}},
@@ -171,6 +172,7 @@ type gpuClaim struct {
 	count  int64  // whole GPUs (default 1)
 	memory string // for a fraction
 	nvlink bool   // matchAttribute nvlinkDomain
+	cel    string // a CEL selector on the request
 }
 
 type podSpec struct {
@@ -180,6 +182,7 @@ type podSpec struct {
 	group    string // PodGroup
 	claim    *gpuClaim
 	cpu      string
+	tolerate string // a NoSchedule taint key to tolerate
 }
 
 func (e *env) createPod(p podSpec) *v1.Pod {
@@ -195,6 +198,9 @@ func (e *env) createPod(p podSpec) *v1.Pod {
 	}
 	if p.queue != "" {
 		pod.Labels[kube.LabelQueue] = p.queue
+	}
+	if p.tolerate != "" {
+		pod.Spec.Tolerations = append(pod.Spec.Tolerations, v1.Toleration{Key: p.tolerate, Operator: v1.TolerationOpExists, Effect: v1.TaintEffectNoSchedule})
 	}
 	if p.group != "" {
 		pod.Annotations[kube.AnnotationPodGroup] = p.group
@@ -223,6 +229,9 @@ func (e *env) claimTemplate(name string, c gpuClaim) string {
 		c.count = 1
 	}
 	req := resourceapi.ExactDeviceRequest{DeviceClassName: c.class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: c.count}
+	if c.cel != "" {
+		req.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: c.cel}}}
+	}
 	if c.memory != "" {
 		req.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(c.memory)}}
 	}

@@ -324,3 +324,51 @@ func TestRestartMidStream(t *testing.T) {
 	e.waitBound(names...)
 	e.checkNoDoubleAllocation()
 }
+
+// TestConstraints: node taints, device CEL selectors and an unhealthy GPU's
+// taint keep pods off what they may not use.
+func TestConstraints(t *testing.T) {
+	e := newEnv(t)
+	e.addGPUNode("plain", "h100-sxm-8")
+	e.addGPUNode("dedicated", "h100-sxm-8", v1.Taint{Key: "dedicated", Value: "infer", Effect: v1.TaintEffectNoSchedule})
+	e.startScheduler(core.Config{})
+
+	t.Run("CEL selector picks the device", func(t *testing.T) {
+		e.createPod(podSpec{name: "gpu5", claim: &gpuClaim{cel: `device.attributes["gpu.tessera.dev"].index == 5`}})
+		e.waitBound("gpu5")
+		if d := e.devicesOf("gpu5"); len(d) != 1 || d[0] != "plain/gpu-5" {
+			t.Fatalf("selector index == 5 got %v", d)
+		}
+	})
+
+	t.Run("node taints", func(t *testing.T) {
+		var names []string
+		for i := 0; i < 8; i++ {
+			n := fmt.Sprintf("untolerating-%d", i)
+			names = append(names, n)
+			e.createPod(podSpec{name: n, claim: &gpuClaim{}})
+		}
+		// 7 GPUs are left on "plain": 7 bind there, one waits.
+		e.eventually("7 bound on plain, 1 pending", 60*time.Second, func() (bool, string) {
+			bound, pending := 0, 0
+			for _, n := range names {
+				p := e.pod(n)
+				switch {
+				case p.Spec.NodeName == "dedicated":
+					t.Fatalf("%s placed on a tainted node it does not tolerate", n)
+				case p.Spec.NodeName == "plain":
+					bound++
+				case contains(pendingReason(p), "Unschedulable"):
+					pending++
+				}
+			}
+			return bound == 7 && pending == 1, fmt.Sprintf("%d bound, %d pending", bound, pending)
+		})
+		e.createPod(podSpec{name: "tolerating", tolerate: "dedicated", claim: &gpuClaim{}})
+		e.waitBound("tolerating")
+		if n := e.pod("tolerating").Spec.NodeName; n != "dedicated" {
+			t.Fatalf("tolerating pod on %s", n)
+		}
+	})
+	e.checkNoDoubleAllocation()
+}

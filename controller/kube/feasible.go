@@ -1,0 +1,131 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/klog/v2"
+)
+
+// driverOnlySelector is the selector of the shipped DeviceClasses: it holds
+// for every Tessera device, so it need not be evaluated per device.
+const driverOnlySelector = `device.driver == "` + DriverName + `"`
+
+// feasibility builds a pod's core.Pod.Feasible check, or nil when nothing
+// beyond what the core already checks applies: untolerated node taints,
+// required node affinity, unhealthy (tainted) GPUs, and CEL selectors of the
+// pod's DeviceClasses and claim requests, evaluated per device.
+func (s *Scheduler) feasibility(pod *v1.Pod, claims []*resourceapi.ResourceClaim, idx *cycleIndex) (func(node string, gpu int) bool, error) {
+	var nodeChecks []func(*v1.Node) bool
+	if idx.taintedNodes {
+		tolerations := pod.Spec.Tolerations
+		nodeChecks = append(nodeChecks, func(n *v1.Node) bool { return toleratesAll(tolerations, n.Spec.Taints) })
+	}
+	if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+		sel, err := nodeaffinity.NewNodeSelector(a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution)
+		if err != nil {
+			return nil, fmt.Errorf("node affinity: %w", err)
+		}
+		nodeChecks = append(nodeChecks, sel.Match)
+	}
+	var exprs []string
+	for _, c := range claims {
+		if c.Status.Allocation != nil {
+			continue
+		}
+		for _, r := range c.Spec.Devices.Requests {
+			if r.Exactly == nil {
+				continue
+			}
+			class := s.getClass(r.Exactly.DeviceClassName)
+			if class == nil || !isTesseraClass(class) {
+				continue
+			}
+			for _, sel := range class.Spec.Selectors {
+				if sel.CEL != nil && strings.TrimSpace(sel.CEL.Expression) != driverOnlySelector {
+					exprs = append(exprs, sel.CEL.Expression)
+				}
+			}
+			for _, sel := range r.Exactly.Selectors {
+				if sel.CEL != nil {
+					exprs = append(exprs, sel.CEL.Expression)
+				}
+			}
+		}
+	}
+	var compiled []cel.CompilationResult
+	for _, e := range exprs {
+		r := s.celCache.GetOrCompile(e)
+		if r.Error != nil {
+			return nil, fmt.Errorf("CEL selector %q: %w", e, r.Error)
+		}
+		compiled = append(compiled, r)
+	}
+	gpuChecks := idx.taintedGPUs || len(compiled) > 0
+	if len(nodeChecks) == 0 && !gpuChecks {
+		return nil, nil
+	}
+	nodeOK := map[string]bool{}
+	return func(node string, gpu int) bool {
+		if gpu < 0 {
+			ok, seen := nodeOK[node]
+			if !seen {
+				ok = true
+				n := idx.nodes[node]
+				for _, check := range nodeChecks {
+					if n == nil || !check(n) {
+						ok = false
+						break
+					}
+				}
+				nodeOK[node] = ok
+			}
+			return ok
+		}
+		g := idx.gpus[node]
+		if g == nil {
+			return false
+		}
+		dev, ok := g.devices[gpu]
+		if !ok || g.tainted[dev.Name] {
+			return false
+		}
+		for _, c := range compiled {
+			match, _, err := c.DeviceMatches(context.Background(), cel.Device{
+				Driver: DriverName, AllowMultipleAllocations: dev.AllowMultipleAllocations,
+				Attributes: dev.Attributes, Capacity: dev.Capacity,
+			})
+			if err != nil || !match {
+				return false
+			}
+		}
+		return true
+	}, nil
+}
+
+// toleratesAll reports whether tolerations tolerate every NoSchedule and
+// NoExecute taint.
+func toleratesAll(tolerations []v1.Toleration, taints []v1.Taint) bool {
+	for i := range taints {
+		t := &taints[i]
+		if t.Effect != v1.TaintEffectNoSchedule && t.Effect != v1.TaintEffectNoExecute {
+			continue
+		}
+		ok := false
+		for j := range tolerations {
+			if tolerations[j].ToleratesTaint(klog.Background(), t, true) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
