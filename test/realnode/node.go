@@ -323,9 +323,12 @@ func (n *Node) stop(failed bool) {
 	})
 }
 
-// deletePods deletes every pod bound to the node and waits until the
+// DeletePods deletes every pod bound to the node and waits until the
 // kubelet has finished them (it removes the object once their containers
-// are gone).
+// are gone and their DRA claims unprepared). Tests that run a DRA plugin
+// call it before stopping the plugin, so the kubelet can unprepare.
+func (n *Node) DeletePods(timeout time.Duration) error { return n.deletePods(timeout) }
+
 func (n *Node) deletePods(timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
