@@ -1,0 +1,164 @@
+package kube
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+
+	gpuconfig "github.com/tessera-gpu/tessera/api/config/v1alpha1"
+	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
+	"github.com/tessera-gpu/tessera/controller/core"
+)
+
+func device(index int64, domain string, taint bool) resourceapi.Device {
+	d := resourceapi.Device{
+		Name: deviceName(int(index)),
+		Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+			attrIndex:        {IntValue: ptr.To(index)},
+			attrProductName:  {StringValue: ptr.To("NVIDIA H100 80GB HBM3")},
+			attrNVLinkDomain: {StringValue: ptr.To(domain)},
+		},
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{capacityMemory: {Value: resource.MustParse("80Gi")}},
+	}
+	if taint {
+		d.Taints = []resourceapi.DeviceTaint{{Key: "gpu.tessera.dev/unhealthy", Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+	}
+	return d
+}
+
+func TestGPUsFromSlices(t *testing.T) {
+	node := "n1"
+	old := &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{Driver: DriverName, NodeName: &node, Pool: resourceapi.ResourcePool{Name: node, Generation: 1},
+		Devices: []resourceapi.Device{device(0, "old", false)}}}
+	cur := &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{Driver: DriverName, NodeName: &node, Pool: resourceapi.ResourcePool{Name: node, Generation: 2},
+		Devices: []resourceapi.Device{device(1, "d", true), device(0, "d", false)}}}
+	other := &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{Driver: "other.example.com", NodeName: &node, Pool: resourceapi.ResourcePool{Name: node, Generation: 9},
+		Devices: []resourceapi.Device{{Name: "x"}}}}
+	g := gpusFromSlices([]*resourceapi.ResourceSlice{old, cur, other})
+	require.Len(t, g.gpus, 2, "only the newest generation of Tessera's pool counts")
+	assert.Equal(t, 0, g.gpus[0].Index)
+	assert.Equal(t, 1, g.gpus[1].Index)
+	assert.Equal(t, int64(80<<30), g.gpus[0].Memory)
+	assert.Equal(t, "d", g.gpus[1].NVLinkDomain)
+	assert.Equal(t, 1, g.byDevice["gpu-1"])
+	assert.True(t, g.tainted["gpu-1"])
+	assert.False(t, g.tainted["gpu-0"])
+	assert.Equal(t, int64(2), g.generation)
+}
+
+func class(name string, strategy gpuconfig.SharingStrategy) *resourceapi.DeviceClass {
+	raw, _ := json.Marshal(map[string]any{"apiVersion": gpuconfig.APIVersion, "kind": gpuconfig.Kind, "sharing": map[string]any{"strategy": strategy}})
+	return &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: resourceapi.DeviceClassSpec{
+		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: driverOnlySelector}}},
+		Config:    []resourceapi.DeviceClassConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: DriverName, Parameters: runtime.RawExtension{Raw: raw}}}}},
+	}}
+}
+
+func claim(name string, reqs ...resourceapi.ExactDeviceRequest) *resourceapi.ResourceClaim {
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	for i, r := range reqs {
+		r := r
+		c.Spec.Devices.Requests = append(c.Spec.Devices.Requests, resourceapi.DeviceRequest{Name: string(rune('a' + i)), Exactly: &r})
+	}
+	return c
+}
+
+func TestPodGPURequest(t *testing.T) {
+	classes := map[string]*resourceapi.DeviceClass{
+		"gpu.tessera.dev":           class("gpu.tessera.dev", gpuconfig.Exclusive),
+		"mps.gpu.tessera.dev":       class("mps.gpu.tessera.dev", gpuconfig.MPS),
+		"timeslice.gpu.tessera.dev": class("timeslice.gpu.tessera.dev", gpuconfig.TimeSlicing),
+		"nic.example.com":           {ObjectMeta: metav1.ObjectMeta{Name: "nic.example.com"}},
+	}
+	lookup := func(n string) *resourceapi.DeviceClass { return classes[n] }
+	mem := func(q string) *resourceapi.CapacityRequirements {
+		return &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{capacityMemory: resource.MustParse(q)}}
+	}
+	tests := []struct {
+		name    string
+		claims  []*resourceapi.ResourceClaim
+		want    core.Request
+		tessera bool
+		err     string
+	}{
+		{name: "one whole GPU by default", claims: []*resourceapi.ResourceClaim{claim("c", resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev"})}, want: core.Request{GPUs: 1}, tessera: true},
+		{name: "counts add up over claims", claims: []*resourceapi.ResourceClaim{
+			claim("c1", resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev", Count: 2}),
+			claim("c2", resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev", Count: 3}),
+		}, want: core.Request{GPUs: 5}, tessera: true},
+		{name: "MPS fraction", claims: []*resourceapi.ResourceClaim{claim("c", resourceapi.ExactDeviceRequest{DeviceClassName: "mps.gpu.tessera.dev", Capacity: mem("40Gi")})},
+			want: core.Request{GPUMemory: 40 << 30, Sharing: core.SharingMPS}, tessera: true},
+		{name: "time-sliced fraction", claims: []*resourceapi.ResourceClaim{claim("c", resourceapi.ExactDeviceRequest{DeviceClassName: "timeslice.gpu.tessera.dev", Capacity: mem("10Gi")})},
+			want: core.Request{GPUMemory: 10 << 30, Sharing: core.SharingTimeSlice}, tessera: true},
+		{name: "other drivers' claims are not GPUs", claims: []*resourceapi.ResourceClaim{claim("c", resourceapi.ExactDeviceRequest{DeviceClassName: "nic.example.com"})}},
+		{name: "unknown class", claims: []*resourceapi.ResourceClaim{claim("c", resourceapi.ExactDeviceRequest{DeviceClassName: "nope"})}, err: `DeviceClass "nope" not found`},
+		{name: "memory on an exclusive class", claims: []*resourceapi.ResourceClaim{claim("c", resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev", Capacity: mem("1Gi")})}, err: "use DeviceClass mps.gpu.tessera.dev"},
+		{name: "fraction with count 2", claims: []*resourceapi.ResourceClaim{claim("c", resourceapi.ExactDeviceRequest{DeviceClassName: "mps.gpu.tessera.dev", Count: 2, Capacity: mem("1Gi")})}, err: "count must be 1"},
+		{name: "whole and fraction", claims: []*resourceapi.ResourceClaim{
+			claim("c1", resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev"}),
+			claim("c2", resourceapi.ExactDeviceRequest{DeviceClassName: "mps.gpu.tessera.dev", Capacity: mem("1Gi")}),
+		}, err: "not both"},
+		{name: "allocation mode All", claims: []*resourceapi.ResourceClaim{claim("c", resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev", AllocationMode: resourceapi.DeviceAllocationModeAll})}, err: "allocationMode All"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := podGPURequest(tc.claims, lookup)
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got.req)
+			assert.Equal(t, tc.tessera, got.tessera)
+		})
+	}
+}
+
+func TestNVLinkConstraint(t *testing.T) {
+	c := claim("c", resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev", Count: 2})
+	c.Spec.Devices.Constraints = []resourceapi.DeviceConstraint{{MatchAttribute: ptr.To(resourceapi.FullyQualifiedName(attrNVLinkDomain))}}
+	got, err := podGPURequest([]*resourceapi.ResourceClaim{c}, func(string) *resourceapi.DeviceClass { return class("gpu.tessera.dev", gpuconfig.Exclusive) })
+	require.NoError(t, err)
+	assert.Equal(t, core.NVLinkRequired, got.req.NVLink)
+}
+
+func TestQueueFromObject(t *testing.T) {
+	q := &schedv1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "team"}, Spec: schedv1.QueueSpec{
+		Parent: "org", Priority: ptr.To[int32](120),
+		Resources: schedv1.QueueResources{
+			GPU:    &schedv1.ResourceQuota{Quota: ptr.To(resource.MustParse("2.5")), Limit: ptr.To(resource.MustParse("-1")), OverQuotaWeight: ptr.To[int32](3)},
+			Memory: &schedv1.ResourceQuota{Quota: ptr.To(resource.MustParse("1Gi"))},
+		},
+	}}
+	got := queueFromObject(q)
+	assert.Equal(t, "org", got.Parent)
+	assert.Equal(t, int32(120), got.Priority)
+	assert.Equal(t, core.QueueResource{Quota: 2500, Limit: core.Unlimited, OverQuotaWeight: 3}, got.Resources[core.ResGPU])
+	assert.Equal(t, int64(1<<30), got.Resources[core.ResMemory].Quota)
+	assert.Equal(t, core.Unlimited, got.Resources[core.ResCPU].Quota, "cpu quota defaults to unlimited")
+}
+
+func TestToleratesAll(t *testing.T) {
+	taints := []v1.Taint{{Key: "a", Effect: v1.TaintEffectNoSchedule}, {Key: "b", Effect: v1.TaintEffectPreferNoSchedule}}
+	assert.False(t, toleratesAll(nil, taints))
+	assert.True(t, toleratesAll([]v1.Toleration{{Key: "a", Operator: v1.TolerationOpExists}}, taints), "PreferNoSchedule does not block")
+	assert.True(t, toleratesAll(nil, nil))
+}
+
+func TestPodCPUMemory(t *testing.T) {
+	pod := &v1.Pod{Spec: v1.PodSpec{
+		Containers:     []v1.Container{{Resources: v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("1"), v1.ResourceMemory: resource.MustParse("1Gi")}}}, {Resources: v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("500m")}}}},
+		InitContainers: []v1.Container{{Resources: v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("4")}}}},
+	}}
+	cpu, mem := podCPUMemory(pod)
+	assert.Equal(t, int64(4000), cpu, "an init container's larger request wins")
+	assert.Equal(t, int64(1<<30), mem)
+}
