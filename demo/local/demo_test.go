@@ -1,0 +1,84 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tessera-gpu/tessera/test/controlplane"
+)
+
+// TestDemo runs the local demo's whole flow and checks its story: act 1
+// places everything but the pod of an unknown queue, act 2's reclaim binds
+// team-b's gang by evicting only borrowed (preemptible, over-quota) pods.
+func TestDemo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a real control plane, kwok nodes, tessera-node and tessera-controller; skipped with -short")
+	}
+	binDir := controlplane.BinDir(t)
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, Options{BinDir: binDir, Out: &out, Log: &out})
+	t.Logf("demo output:\n%s", out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for pod, p := range res.Act1 {
+		if pod == "default/lost" {
+			if p.Node != "" || !strings.Contains(p.Pending, "team-x") {
+				t.Errorf("default/lost: want pending with a reason naming team-x, got %+v", p)
+			}
+			continue
+		}
+		if p.Node == "" {
+			t.Errorf("act 1: %s not bound: %s", pod, p.Pending)
+		}
+	}
+	if n := len(res.Act1); n != 14 {
+		t.Errorf("act 1: %d pods, want 14", n)
+	}
+	for _, pod := range []string{"team-a/llm-train-0", "team-a/llm-train-1"} {
+		if d := res.Act1[pod].Devices; len(d) != 4 {
+			t.Errorf("%s: devices %v, want 4", pod, d)
+		}
+	}
+	for _, pod := range []string{"team-a/chat-0", "team-a/chat-1", "team-a/chat-2"} {
+		if d := res.Act1[pod].Devices; len(d) != 1 || !strings.Contains(d[0], "20Gi MPS") {
+			t.Errorf("%s: devices %v, want one 20Gi MPS fraction", pod, d)
+		}
+	}
+
+	for _, pod := range []string{"team-b/vision-train-0", "team-b/vision-train-1"} {
+		if p := res.Act2[pod]; p.Node == "" || len(p.Devices) != 4 {
+			t.Errorf("act 2: %s: %+v, want bound with 4 GPUs", pod, p)
+		}
+	}
+	if len(res.Evicted) == 0 {
+		t.Errorf("act 2: nothing evicted")
+	}
+	// Only preemptible (tessera-train) pods may go, and team-a keeps at
+	// least its quota of 8 GPUs.
+	for _, pod := range res.Evicted {
+		if !strings.HasPrefix(pod, "team-a/sweep-") && !strings.HasPrefix(pod, "team-a/llm-train-") && pod != "default/eval" {
+			t.Errorf("act 2 evicted %s; only preemptible pods may go", pod)
+		}
+	}
+	for _, pod := range []string{"team-a/notebook", "team-a/chat-0", "team-a/chat-1", "team-a/chat-2"} {
+		if res.Act2[pod].Node == "" {
+			t.Errorf("act 2: non-preemptible %s lost its place", pod)
+		}
+	}
+	teamA := 0
+	for pod, p := range res.Act2 {
+		if strings.HasPrefix(pod, "team-a/") && !strings.HasPrefix(pod, "team-a/chat-") {
+			teamA += len(p.Devices)
+		}
+	}
+	if teamA < 8 {
+		t.Errorf("act 2: team-a holds %d whole GPUs, below its quota of 8", teamA)
+	}
+}
