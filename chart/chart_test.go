@@ -1,0 +1,408 @@
+// Package chart tests the Helm chart in chart/tessera: its copies of the
+// CRDs, DeviceClasses and controller RBAC stay in sync with their sources,
+// `helm lint` passes, `helm template` renders the objects Tessera needs (DRA
+// plugin mounts, least-privilege RBAC, priority classes…), and the rendered
+// chart is accepted by a real kube-apiserver, whose admission policy keeps
+// tessera-node to its own node's ResourceSlices.
+package chart
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/deploy/rbac"
+	"github.com/tessera-gpu/tessera/driver/deviceclasses"
+	"github.com/tessera-gpu/tessera/test/controlplane"
+)
+
+const (
+	chartDir  = "tessera"
+	namespace = "tessera-system"
+)
+
+// synced are the chart's copies and their sources (`make chart-sync`).
+var synced = map[string]string{
+	"tessera/files/deviceclasses.yaml":   "../driver/deviceclasses/deviceclasses.yaml",
+	"tessera/files/controller-rbac.yaml": "../deploy/rbac/tessera-controller.yaml",
+}
+
+// TestCopiesInSync fails when a copy in the chart drifted from its source.
+func TestCopiesInSync(t *testing.T) {
+	srcCRDs, err := filepath.Glob("../api/scheduling/crds/*.yaml")
+	require.NoError(t, err)
+	require.NotEmpty(t, srcCRDs)
+	chartCRDs, err := filepath.Glob("tessera/crds/*.yaml")
+	require.NoError(t, err)
+	pairs := map[string]string{}
+	for k, v := range synced {
+		pairs[k] = v
+	}
+	for _, src := range srcCRDs {
+		pairs["tessera/crds/"+filepath.Base(src)] = src
+	}
+	require.Len(t, chartCRDs, len(srcCRDs), "chart/tessera/crds holds other files than api/scheduling/crds: run `make chart-sync`")
+	for copyPath, src := range pairs {
+		want, err := os.ReadFile(src)
+		require.NoError(t, err)
+		got, err := os.ReadFile(copyPath)
+		require.NoError(t, err, "run `make chart-sync`")
+		if !bytes.Equal(got, want) {
+			t.Errorf("chart/%s differs from %s: run `make chart-sync`", copyPath, strings.TrimPrefix(src, "../"))
+		}
+	}
+}
+
+var (
+	helmOnce sync.Once
+	helmPath string
+	helmErr  error
+)
+
+// helm returns the helm binary: $TESSERA_HELM, or built (once, cached under
+// _cache/) by hack/tools/helm/build.sh. Under -short it is only used when
+// already given.
+func helm(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("TESSERA_HELM"); p != "" {
+		return p
+	}
+	if testing.Short() {
+		t.Skip("needs helm (built from its Go module, minutes cold); set TESSERA_HELM or run without -short")
+	}
+	helmOnce.Do(func() {
+		out, err := exec.Command("../hack/tools/helm/build.sh").Output()
+		if err != nil {
+			helmErr = fmt.Errorf("hack/tools/helm/build.sh: %w", err)
+			return
+		}
+		helmPath = strings.TrimSpace(string(out))
+	})
+	require.NoError(t, helmErr)
+	return helmPath
+}
+
+func runHelm(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(helm(t), args...)
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "helm %s\n%s%s", strings.Join(args, " "), out, stderr.String())
+	return string(out)
+}
+
+// valueFiles are the values files the chart must render with: the
+// defaults and the kind demo's.
+var valueFiles = []string{"", "../demo/kind/values.yaml"}
+
+func TestHelmLint(t *testing.T) {
+	for _, vf := range valueFiles {
+		args := []string{"lint", "--strict", chartDir}
+		if vf != "" {
+			args = append(args, "-f", vf)
+		}
+		out := runHelm(t, args...)
+		require.Contains(t, out, "0 chart(s) failed", out)
+	}
+}
+
+// render runs helm template and decodes every object (CRDs included).
+func render(t *testing.T, args ...string) []runtime.Object {
+	t.Helper()
+	out := runHelm(t, append([]string{"template", "tessera", chartDir, "--namespace", namespace, "--include-crds"}, args...)...)
+	var objs []runtime.Object
+	for _, doc := range strings.Split(out, "\n---") {
+		if strings.TrimSpace(stripComments(doc)) == "" {
+			continue
+		}
+		u := &unstructured.Unstructured{}
+		require.NoError(t, utilyaml.Unmarshal([]byte(doc), &u.Object), doc)
+		if len(u.Object) == 0 {
+			continue
+		}
+		typed, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
+		if err != nil && runtime.IsNotRegisteredError(err) {
+			objs = append(objs, u) // CRDs and custom resources
+			continue
+		}
+		require.NoError(t, err, doc)
+		objs = append(objs, typed)
+	}
+	return objs
+}
+
+func stripComments(doc string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(doc, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "#") {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}
+
+func find[T runtime.Object](objs []runtime.Object, name string) T {
+	var zero T
+	for _, o := range objs {
+		if x, ok := o.(T); ok {
+			if m, err := meta(o); err == nil && m.GetName() == name {
+				return x
+			}
+		}
+	}
+	return zero
+}
+
+func meta(o runtime.Object) (metav1.Object, error) {
+	if m, ok := o.(metav1.Object); ok {
+		return m, nil
+	}
+	return nil, fmt.Errorf("%T has no metadata", o)
+}
+
+func TestHelmTemplateDefaults(t *testing.T) {
+	objs := render(t)
+
+	// DeviceClasses: exactly driver/deviceclasses.
+	want, err := deviceclasses.Load()
+	require.NoError(t, err)
+	for _, dc := range want {
+		got := find[*resourceapi.DeviceClass](objs, dc.Name)
+		require.NotNil(t, got, "DeviceClass %s", dc.Name)
+		require.Equal(t, dc.Spec, got.Spec, "DeviceClass %s", dc.Name)
+	}
+
+	// PriorityClasses of DESIGN.md.
+	for name, value := range map[string]int32{"tessera-train": 50, "tessera-build": 100, "tessera-inference": 125} {
+		pc := find[*schedulingv1.PriorityClass](objs, name)
+		require.NotNil(t, pc, "PriorityClass %s", name)
+		require.Equal(t, value, pc.Value, name)
+		require.False(t, pc.GlobalDefault)
+	}
+
+	// CRDs and the default Queue.
+	for _, n := range []string{"queues.scheduling.tessera.dev", "podgroups.scheduling.tessera.dev", "default"} {
+		require.NotNil(t, find[*unstructured.Unstructured](objs, n), n)
+	}
+
+	// tessera-node: privileged DRA plugin with the kubelet's plugin dirs.
+	ds := find[*appsv1.DaemonSet](objs, "tessera-node")
+	require.NotNil(t, ds)
+	pod := ds.Spec.Template.Spec
+	require.Equal(t, "tessera-node", pod.ServiceAccountName)
+	require.True(t, pod.HostPID)
+	require.True(t, pod.HostIPC)
+	c := pod.Containers[0]
+	require.True(t, ptr.Deref(c.SecurityContext.Privileged, false))
+	hostPaths := map[string]string{} // mountPath → host path
+	for _, m := range c.VolumeMounts {
+		for _, v := range pod.Volumes {
+			if v.Name == m.Name && v.HostPath != nil {
+				hostPaths[m.MountPath] = v.HostPath.Path
+			}
+		}
+	}
+	for _, p := range []string{"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi", "/dev", "/run/tessera/mps"} {
+		require.Equal(t, p, hostPaths[p], "host path %s mounted at the same place; mounts: %v", p, hostPaths)
+	}
+	require.Equal(t, "/", hostPaths["/driver-root"], "real mode mounts the driver root")
+	require.Contains(t, c.Args, "--kubelet-plugin-dir=/var/lib/kubelet/plugins/gpu.tessera.dev")
+	require.Contains(t, c.Args, "--kubelet-registrar-dir=/var/lib/kubelet/plugins_registry")
+	require.Contains(t, c.Args, "--driver-root=/driver-root")
+	require.Equal(t, "spec.nodeName", c.Env[0].ValueFrom.FieldRef.FieldPath)
+	require.Equal(t, "NODE_NAME", c.Env[0].Name)
+
+	// tessera-node RBAC: least privilege.
+	nodeRole := find[*rbacv1.ClusterRole](objs, "tessera-node")
+	require.NotNil(t, nodeRole)
+	require.Equal(t, []rbacv1.PolicyRule{
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
+	}, nodeRole.Rules)
+
+	// tessera-controller: 2 leader-elected replicas, RBAC of deploy/rbac.
+	dep := find[*appsv1.Deployment](objs, "tessera-controller")
+	require.NotNil(t, dep)
+	require.Equal(t, int32(2), *dep.Spec.Replicas)
+	cc := dep.Spec.Template.Spec.Containers[0]
+	require.Contains(t, cc.Args, "--leader-elect=true")
+	require.Contains(t, cc.Args, "--leader-elect-namespace="+namespace)
+	require.Contains(t, cc.Args, "--metrics-bind-address=:8080")
+	require.Equal(t, rbac.ServiceAccount, dep.Spec.Template.Spec.ServiceAccountName)
+	require.NotNil(t, find[*corev1.ServiceAccount](objs, rbac.ServiceAccount))
+	src := decodeAll(t, rbac.ControllerYAML)
+	require.Equal(t, find[*rbacv1.ClusterRole](src, "tessera-controller").Rules, find[*rbacv1.ClusterRole](objs, "tessera-controller").Rules)
+	require.Equal(t, find[*rbacv1.Role](src, "tessera-controller-leader-election").Rules, find[*rbacv1.Role](objs, "tessera-controller-leader-election").Rules)
+	crb := find[*rbacv1.ClusterRoleBinding](objs, "tessera-controller")
+	require.Equal(t, namespace, crb.Subjects[0].Namespace)
+
+	// Metrics Services.
+	for _, n := range []string{"tessera-controller-metrics", "tessera-node-metrics"} {
+		require.NotNil(t, find[*corev1.Service](objs, n), n)
+	}
+}
+
+func TestHelmTemplateValues(t *testing.T) {
+	objs := render(t, "--namespace", "gpu", "-f", "../demo/kind/values.yaml",
+		"--set", "controller.replicas=1", "--set", "controller.leaderElection.leaseName=my-lease",
+		"--set", "node.sharing.mode=MPS", "--set", "priorityClasses.create=false")
+	ds := find[*appsv1.DaemonSet](objs, "tessera-node")
+	c := ds.Spec.Template.Spec.Containers[0]
+	require.Contains(t, c.Args, "--fake-gpus=h100-sxm-8")
+	require.Contains(t, c.Args, "--sharing-mode=MPS")
+	require.NotContains(t, c.Args, "--driver-root=/driver-root")
+	require.Empty(t, ds.Spec.Template.Spec.NodeSelector)
+	dep := find[*appsv1.Deployment](objs, "tessera-controller")
+	require.Equal(t, int32(1), *dep.Spec.Replicas)
+	require.Contains(t, dep.Spec.Template.Spec.Containers[0].Args, "--leader-elect-lease-name=my-lease")
+	role := find[*rbacv1.Role](objs, "tessera-controller-leader-election")
+	require.Equal(t, "gpu", role.Namespace)
+	require.Equal(t, []string{"my-lease"}, role.Rules[1].ResourceNames)
+	require.Nil(t, find[*schedulingv1.PriorityClass](objs, "tessera-train"))
+}
+
+func decodeAll(t *testing.T, data []byte) []runtime.Object {
+	t.Helper()
+	var out []runtime.Object
+	for _, doc := range strings.Split(string(data), "\n---") {
+		if strings.TrimSpace(stripComments(doc)) == "" {
+			continue
+		}
+		o, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
+		require.NoError(t, err)
+		out = append(out, o)
+	}
+	return out
+}
+
+// TestChartOnAPIServer creates every rendered object on a real API server
+// (CRDs first, as helm does), so schema errors show, and checks that the
+// admission policy keeps tessera-node to its own node's ResourceSlices.
+func TestChartOnAPIServer(t *testing.T) {
+	helm(t)
+	cp := controlplane.Start(t, controlplane.Options{NoControllerManager: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	client := cp.Client(t)
+	dyn, err := dynamic.NewForConfig(cp.AdminConfig)
+	require.NoError(t, err)
+	_, err = client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	out := runHelm(t, "template", "tessera", chartDir, "--namespace", namespace, "--include-crds", "-f", "../demo/kind/values.yaml")
+	var docs []*unstructured.Unstructured
+	for _, doc := range strings.Split(out, "\n---") {
+		u := &unstructured.Unstructured{}
+		require.NoError(t, utilyaml.Unmarshal([]byte(doc), &u.Object))
+		if len(u.Object) > 0 {
+			docs = append(docs, u)
+		}
+	}
+	// CRDs first and established, then the rest (as helm installs).
+	slices.SortStableFunc(docs, func(a, b *unstructured.Unstructured) int {
+		ac, bc := a.GetKind() == "CustomResourceDefinition", b.GetKind() == "CustomResourceDefinition"
+		switch {
+		case ac && !bc:
+			return -1
+		case bc && !ac:
+			return 1
+		}
+		return 0
+	})
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(discovery.NewDiscoveryClientForConfigOrDie(cp.AdminConfig)))
+	for _, u := range docs {
+		gvk := u.GroupVersionKind()
+		var ri dynamic.ResourceInterface
+		require.Eventually(t, func() bool {
+			m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+			if err != nil {
+				mapper.Reset()
+				return false
+			}
+			ri = dyn.Resource(m.Resource)
+			if m.Scope.Name() == "namespace" {
+				ri = dyn.Resource(m.Resource).Namespace(u.GetNamespace())
+			}
+			return true
+		}, 30*time.Second, 200*time.Millisecond, "API for %s", gvk)
+		_, err := ri.Create(ctx, u, metav1.CreateOptions{FieldValidation: "Strict"})
+		require.NoError(t, err, "creating %s %s", gvk.Kind, u.GetName())
+	}
+
+	// tessera-node's identity, as a pod-bound token on node n1 carries it.
+	nodeCfg := rest.CopyConfig(cp.AdminConfig)
+	nodeCfg.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + namespace + ":tessera-node",
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+		Extra:    map[string][]string{"authentication.kubernetes.io/node-name": {"n1"}},
+	}
+	nodeClient, err := kubernetes.NewForConfig(nodeCfg)
+	require.NoError(t, err)
+	slice := func(node string) *resourceapi.ResourceSlice {
+		return &resourceapi.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: node + "-gpu.tessera.dev-"},
+			Spec: resourceapi.ResourceSliceSpec{
+				Driver: "gpu.tessera.dev", NodeName: ptr.To(node),
+				Pool:    resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
+				Devices: []resourceapi.Device{{Name: "gpu-0"}},
+			},
+		}
+	}
+	// The policy takes effect once the API server has loaded it.
+	require.Eventually(t, func() bool {
+		_, err := nodeClient.ResourceV1().ResourceSlices().Create(ctx, slice("n2"), metav1.CreateOptions{})
+		return err != nil && strings.Contains(err.Error(), "may only write ResourceSlices of its own node")
+	}, 30*time.Second, 250*time.Millisecond, "tessera-node writing another node's slice is denied")
+	own, err := nodeClient.ResourceV1().ResourceSlices().Create(ctx, slice("n1"), metav1.CreateOptions{})
+	require.NoError(t, err, "tessera-node writes its own node's slice")
+	_, err = nodeClient.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	_, err = nodeClient.CoreV1().Secrets(namespace).List(ctx, metav1.ListOptions{})
+	require.True(t, apierrors.IsForbidden(err), "tessera-node cannot read secrets: %v", err)
+	require.NoError(t, nodeClient.ResourceV1().ResourceSlices().Delete(ctx, own.Name, metav1.DeleteOptions{}))
+
+	// The controller's identity can take its Lease in the release namespace.
+	ctrlCfg := rest.CopyConfig(cp.AdminConfig)
+	ctrlCfg.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + namespace + ":tessera-controller",
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+	}
+	ctrlClient, err := kubernetes.NewForConfig(ctrlCfg)
+	require.NoError(t, err)
+	_, err = ctrlClient.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	_, err = ctrlClient.CoordinationV1().Leases(namespace).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "tessera-controller"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+}
