@@ -7,7 +7,7 @@ COMMANDS := $(notdir $(wildcard cmd/*))
 # Go test timeout: the integration packages start a real control plane.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: all build test unit lint controlplane scenarios clean generate scale
+.PHONY: all build test unit lint controlplane scenarios clean generate scale demo helm chart-sync chart-check
 
 all: build
 
@@ -19,8 +19,8 @@ build:
 controlplane:
 	hack/build-controlplane.sh
 
-test: controlplane
-	TESSERA_BIN_DIR=$$(hack/build-controlplane.sh) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+test: controlplane chart-check
+	TESSERA_BIN_DIR=$$(hack/build-controlplane.sh) TESSERA_HELM=$$(hack/tools/helm/build.sh) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 	$(MAKE) scenarios
 
 # Unit tests only: no control plane needed.
@@ -50,3 +50,24 @@ generate:
 # ceiling, in one run. Takes minutes and the whole machine; not part of `test`.
 scale: controlplane
 	TESSERA_SCALE=1 TESSERA_BIN_DIR=$$(hack/build-controlplane.sh) $(GO) test -count=1 -timeout 60m -v -run TestScale ./test/scale/ 2>&1 | grep -E '^(=== RUN|--- |\s+scale_test.go|ok|FAIL|PASS)'
+
+# helm, built from its Go module (hack/tools/helm) and cached under _cache/.
+helm:
+	@hack/tools/helm/build.sh
+
+# The chart ships copies of the CRDs, the DeviceClasses and the controller's
+# RBAC; chart-sync refreshes them (chart/chart_test.go fails when they drift).
+chart-sync:
+	cp api/scheduling/crds/*.yaml chart/tessera/crds/
+	cp driver/deviceclasses/deviceclasses.yaml chart/tessera/files/deviceclasses.yaml
+	cp deploy/rbac/tessera-controller.yaml chart/tessera/files/controller-rbac.yaml
+
+# Copies in sync, helm lint and helm template checks (the real-API-server
+# check of the chart runs with the other integration tests in `test`).
+chart-check:
+	TESSERA_HELM=$$(hack/tools/helm/build.sh) $(GO) test -count=1 -short ./chart/
+
+# The local demo: a real control plane, kwok nodes with tessera-node in
+# fake-GPU mode, tessera-controller scheduling demo/examples (see demo/README.md).
+demo: build controlplane
+	TESSERA_BIN_DIR=$$(hack/build-controlplane.sh) $(GO) run ./demo/local --tessera-bin $(BIN)
