@@ -406,3 +406,10 @@ func TestChartOnAPIServer(t *testing.T) {
 	_, err = ctrlClient.CoordinationV1().Leases(namespace).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "tessera-controller"}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 }
+
+// TestKindDemoScript checks the kind demo's script parses (it runs where
+// Docker is; see demo/kind/README.md).
+func TestKindDemoScript(t *testing.T) {
+	out, err := exec.Command("bash", "-n", "../demo/kind/run.sh").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+}
