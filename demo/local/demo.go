@@ -72,6 +72,9 @@ type Result struct {
 	Act1, Act2 map[string]Placement
 	// Evicted are the pods that act 2's reclaim removed.
 	Evicted []string
+	// Allocated1 and Allocated2 are each Queue's allocated GPUs (status)
+	// after each act.
+	Allocated1, Allocated2 map[string]resource.Quantity
 }
 
 // Placement is where a pod landed, or why it waits.
@@ -170,7 +173,7 @@ func (d *demo) run(ctx context.Context) (*Result, error) {
 	if res.Act1, err = d.settle(ctx, nil); err != nil {
 		return nil, err
 	}
-	if err := d.story(ctx, res.Act1); err != nil {
+	if res.Allocated1, err = d.story(ctx, res.Act1); err != nil {
 		return nil, err
 	}
 
@@ -194,7 +197,7 @@ func (d *demo) run(ctx context.Context) (*Result, error) {
 			d.say("  ✗ %-22s was on %s %s", p, res.Act1[p].Node, strings.Join(res.Act1[p].Devices, " "))
 		}
 	}
-	if err := d.story(ctx, res.Act2); err != nil {
+	if res.Allocated2, err = d.story(ctx, res.Act2); err != nil {
 		return nil, err
 	}
 	return res, nil
@@ -577,11 +580,12 @@ func (d *demo) devices(ctx context.Context, pod *corev1.Pod) ([]string, error) {
 	return names, nil
 }
 
-// story prints where each pod landed, what waits and why, and the queues.
-func (d *demo) story(ctx context.Context, pl map[string]Placement) error {
+// story prints where each pod landed, what waits and why, and the queues;
+// it returns each queue's allocated GPUs.
+func (d *demo) story(ctx context.Context, pl map[string]Placement) (map[string]resource.Quantity, error) {
 	gpus, err := d.gpuInfo(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	d.say("\nWhere the pods run (GPUs from each pod's ResourceClaim allocation):")
 	w := tabwriter.NewWriter(d.opts.Out, 0, 0, 2, ' ', 0)
@@ -604,8 +608,9 @@ func (d *demo) story(ctx context.Context, pl map[string]Placement) error {
 	}
 	qs, err := d.dyn.Resource(schema.GroupVersionResource{Group: "scheduling.tessera.dev", Version: "v1alpha1", Resource: "queues"}).List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return err
+		return nil, err
 	}
+	allocated := map[string]resource.Quantity{}
 	d.say("\nQueues (GPUs; status written by tessera-controller):")
 	w = tabwriter.NewWriter(d.opts.Out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "  QUEUE\tQUOTA\tFAIR SHARE\tALLOCATED\tPENDING\tPODS RUNNING/PENDING")
@@ -614,6 +619,11 @@ func (d *demo) story(ctx context.Context, pl map[string]Placement) error {
 		g, _, _ := unstructured.NestedMap(q.Object, "status", "resources", "gpu")
 		run, _, _ := unstructured.NestedInt64(q.Object, "status", "runningPods")
 		pend, _, _ := unstructured.NestedInt64(q.Object, "status", "pendingPods")
+		if a, ok := g["allocated"].(string); ok {
+			if v, err := resource.ParseQuantity(a); err == nil {
+				allocated[q.GetName()] = v
+			}
+		}
 		fmt.Fprintf(w, "  %s\t%v\t%v\t%v\t%v\t%d/%d\n", q.GetName(), orDash(quota), orDash(g["fairShare"]), orDash(g["allocated"]), orDash(g["pending"]), run, pend)
 	}
 	w.Flush()
@@ -623,7 +633,7 @@ func (d *demo) story(ctx context.Context, pl map[string]Placement) error {
 			d.say("  %s", l)
 		}
 	}
-	return nil
+	return allocated, nil
 }
 
 func orDash(v any) any {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/tessera-gpu/tessera/test/controlplane"
 )
 
@@ -72,13 +74,12 @@ func TestDemo(t *testing.T) {
 			t.Errorf("act 2: non-preemptible %s lost its place", pod)
 		}
 	}
-	teamA := 0
-	for pod, p := range res.Act2 {
-		if strings.HasPrefix(pod, "team-a/") && !strings.HasPrefix(pod, "team-a/chat-") {
-			teamA += len(p.Devices)
-		}
+	// Queue status: team-b has its quota; team-a (fractions count) keeps its own.
+	eight := resource.MustParse("8")
+	if a := res.Allocated2["team-b"]; a.Cmp(eight) != 0 {
+		t.Errorf("act 2: team-b allocated %s GPUs, want 8", a.String())
 	}
-	if teamA < 8 {
-		t.Errorf("act 2: team-a holds %d whole GPUs, below its quota of 8", teamA)
+	if a := res.Allocated2["team-a"]; a.Cmp(eight) < 0 {
+		t.Errorf("act 2: team-a allocated %s GPUs, below its quota of 8", a.String())
 	}
 }
