@@ -369,7 +369,7 @@ func (s *session) consolidate() {
 		pol := &evictPolicy{
 			action: ActionConsolidate,
 			eligible: func(v *podState) bool {
-				return v.job.preemptible && v.job != j
+				return v.job.preemptible && v.job != j && !v.pinned
 			},
 			reason: func(v *podState) string {
 				return fmt.Sprintf("moved to make room for job %s", j.name)

@@ -226,7 +226,11 @@ type Pod struct {
 	// consulted for the pod's existing placement. nil (the fast path)
 	// allows every node and GPU.
 	Feasible func(node string, gpu int) bool
-	Phase    PodPhase
+	// Pinned pods are never moved by consolidation (a move evicts the pod
+	// and counts on its controller to recreate it; a bare pod would be
+	// lost). They may still be reclaimed or preempted.
+	Pinned bool
+	Phase  PodPhase
 	// Placement is set for Bound, Running and Releasing pods.
 	Placement Placement
 }

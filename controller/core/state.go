@@ -49,6 +49,7 @@ type podState struct {
 	selector map[string]string
 	models   []string
 	feasible func(node string, gpu int) bool
+	pinned   bool
 	phase    PodPhase
 	// res is what the pod counts for its queue; res[ResGPU] is an estimate
 	// while pending and exact once placed.
@@ -440,7 +441,7 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 	if r.NVLink == "" {
 		r.NVLink = NVLinkPreferred
 	}
-	ps := &podState{name: p.Name, job: j, req: r, selector: p.NodeSelector, models: p.GPUModels, feasible: p.Feasible, phase: p.Phase, rank: -1, lastOp: -1}
+	ps := &podState{name: p.Name, job: j, req: r, selector: p.NodeSelector, models: p.GPUModels, feasible: p.Feasible, pinned: p.Pinned, phase: p.Phase, rank: -1, lastOp: -1}
 	ps.res[ResCPU], ps.res[ResMemory] = r.CPU, r.Memory
 	switch {
 	case r.GPUs > 0:

@@ -9,6 +9,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -189,6 +190,13 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 			continue // its node is gone; nothing to account for
 		}
 		key := pod.Namespace + "/" + pod.Name
+		if !bound {
+			if why := s.waitingForVictims(key, pod, now); why != "" {
+				idx.problems = append(idx.problems, core.PendingPod{Pod: key, Reason: why})
+				idx.pods[key] = &podRef{pod: pod}
+				continue
+			}
+		}
 		e := s.translatePod(pod)
 		if !bound && e.err != nil {
 			idx.problems = append(idx.problems, core.PendingPod{Pod: key, Reason: e.err.Error()})
@@ -196,14 +204,19 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 			continue
 		}
 		cp := core.Pod{Name: key, Request: e.req, NodeSelector: pod.Spec.NodeSelector, Phase: core.PodPending}
-		if !bound {
+		if ours {
 			f, err := s.feasibility(pod, e.claims, idx)
-			if err != nil {
+			switch {
+			case err != nil && !bound:
 				idx.problems = append(idx.problems, core.PendingPod{Pod: key, Reason: err.Error()})
 				idx.pods[key] = &podRef{pod: pod}
 				continue
+			case err == nil:
+				cp.Feasible = f
 			}
-			cp.Feasible = f
+			// Consolidation moves a pod by evicting it; only a pod that a
+			// controller recreates can be moved.
+			cp.Pinned = metav1.GetControllerOf(pod) == nil
 		}
 		if bound {
 			cp.Phase = core.PodBound
@@ -262,6 +275,33 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 		snap.Jobs = append(snap.Jobs, *j)
 	}
 	return snap, idx, nil
+}
+
+// waitingForVictims says why a nominated pod is left out of this cycle ("" if
+// it is not): some of the pods evicted to make room for it still hold their
+// capacity. Victims that are gone, a deadline passed, or a recreated pod end
+// the nomination.
+func (s *Scheduler) waitingForVictims(key string, pod *v1.Pod, now time.Time) string {
+	n, ok := s.nominated[key]
+	if !ok {
+		return ""
+	}
+	if n.uid != pod.UID || now.After(n.until) {
+		delete(s.nominated, key)
+		return ""
+	}
+	left := 0
+	for _, v := range n.victims {
+		ns, name, _ := strings.Cut(v, "/")
+		if p, err := s.podLister.Pods(ns).Get(name); err == nil && p.Spec.NodeName == n.node && p.Status.Phase != v1.PodSucceeded && p.Status.Phase != v1.PodFailed {
+			left++
+		}
+	}
+	if left == 0 {
+		delete(s.nominated, key)
+		return ""
+	}
+	return fmt.Sprintf("nominated to node %s; waiting for %d evicted pod(s) to terminate", n.node, left)
 }
 
 // jobFor works out a pod's job: its PodGroup's, or a gang of one. reason is

@@ -31,6 +31,18 @@ type commitStats struct {
 	failed map[string]string
 }
 
+// nominationTimeout bounds how long a nominated pod waits for its victims
+// before it is considered afresh.
+const nominationTimeout = 2 * time.Minute
+
+// nomination is a pod placed onto capacity that evictions are freeing.
+type nomination struct {
+	uid     types.UID
+	node    string
+	victims []string // pod keys
+	until   time.Time
+}
+
 // pdbBackoff is how long a pod whose eviction a PodDisruptionBudget refused
 // is left out of the victims.
 const pdbBackoff = time.Minute
@@ -74,14 +86,35 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 		}
 	})
 
+	// Pipelined binds wait for their victims to be gone: their pods are
+	// nominated (left out of the next snapshots until the victims on their
+	// nodes have terminated, so nothing is evicted twice for them), then a
+	// later cycle places them on the freed capacity. A job with any
+	// pipelined bind waits whole, so a gang is never half-bound.
+	victimsOn := map[string][]string{}
+	for _, ev := range res.Evictions {
+		victimsOn[ev.Node] = append(victimsOn[ev.Node], ev.Pod)
+	}
+	waiting := map[string]bool{}
+	for _, b := range res.Binds {
+		if b.Pipelined {
+			waiting[b.Job] = true
+		}
+	}
+	for _, b := range res.Binds {
+		if waiting[b.Job] {
+			if ref := idx.pods[b.Pod]; ref != nil {
+				s.nominated[b.Pod] = nomination{uid: ref.pod.UID, node: b.Placement.Node, victims: victimsOn[b.Placement.Node], until: now.Add(nominationTimeout)}
+			}
+		}
+	}
+
 	// Binds: work out every allocation first, in decision order, so each
 	// sees the devices the previous ones took; then write jobs in parallel.
 	byJob := map[string][]core.Bind{}
 	var jobOrder []string
 	for _, b := range res.Binds {
-		if b.Pipelined {
-			// It waits for its victims to be gone; a later cycle binds it
-			// (terminating victims keep holding the capacity till then).
+		if waiting[b.Job] {
 			continue
 		}
 		if _, ok := byJob[b.Job]; !ok {

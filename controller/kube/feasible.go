@@ -20,7 +20,12 @@ const driverOnlySelector = `device.driver == "` + DriverName + `"`
 // beyond what the core already checks applies: untolerated node taints,
 // required node affinity, unhealthy (tainted) GPUs, and CEL selectors of the
 // pod's DeviceClasses and claim requests, evaluated per device.
+//
+// For a placed pod it describes where the pod could be moved to (its
+// controller recreates it with fresh claims of the same spec), so allocated
+// claims' selectors count too.
 func (s *Scheduler) feasibility(pod *v1.Pod, claims []*resourceapi.ResourceClaim, idx *cycleIndex) (func(node string, gpu int) bool, error) {
+	placed := pod.Spec.NodeName != ""
 	var nodeChecks []func(*v1.Node) bool
 	if idx.taintedNodes {
 		tolerations := pod.Spec.Tolerations
@@ -35,7 +40,7 @@ func (s *Scheduler) feasibility(pod *v1.Pod, claims []*resourceapi.ResourceClaim
 	}
 	var exprs []string
 	for _, c := range claims {
-		if c.Status.Allocation != nil {
+		if c.Status.Allocation != nil && !placed {
 			continue
 		}
 		for _, r := range c.Spec.Devices.Requests {

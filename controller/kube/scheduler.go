@@ -85,6 +85,7 @@ type Scheduler struct {
 	belowSince map[string]time.Time
 	pdbBlocked map[string]bool
 	pdbExpiry  map[string]time.Time
+	nominated  map[string]nomination
 	// pending remembers the reason last written on each pending pod so
 	// unchanged reasons cost no API call.
 	pending map[string]string
@@ -125,6 +126,7 @@ func New(opts Options) (*Scheduler, error) {
 		belowSince:  map[string]time.Time{},
 		pdbBlocked:  map[string]bool{},
 		pdbExpiry:   map[string]time.Time{},
+		nominated:   map[string]nomination{},
 		pending:     map[string]string{},
 		queueStatus: map[string]schedv1.QueueStatus{},
 		groupStatus: map[string]schedv1.PodGroupStatus{},
