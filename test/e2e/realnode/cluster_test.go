@@ -159,9 +159,11 @@ func setup(t *testing.T) *cluster {
 			drivertest.RecordEnv + "=" + c.mpsRecord,
 		},
 	}
+	// Registered once, also for restarts: cleanups run last-in first-out,
+	// and the pods must go while tessera-node still runs, since the kubelet
+	// needs it to unprepare their claims.
+	t.Cleanup(func() { c.agent.stop(t) })
 	c.agent.start(t)
-	// Registered after the agent's stop, so it runs first: the kubelet
-	// needs tessera-node to unprepare the claims of the pods it deletes.
 	t.Cleanup(func() {
 		if err := node.DeletePods(90 * time.Second); err != nil {
 			t.Errorf("deleting pods: %v", err)
@@ -396,7 +398,7 @@ func (a *agent) httpAddr() string {
 	return ""
 }
 
-// start runs tessera-node and waits for /readyz; t's cleanup stops it.
+// start runs tessera-node and waits for /readyz.
 func (a *agent) start(t *testing.T) {
 	t.Helper()
 	f, err := os.OpenFile(a.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -419,12 +421,6 @@ func (a *agent) start(t *testing.T) {
 		f.Close()
 		close(done)
 	}()
-	first := a.done
-	t.Cleanup(func() {
-		if a.done == first {
-			a.stop(t)
-		}
-	})
 	deadline := time.Now().Add(time.Minute)
 	for {
 		resp, err := http.Get("http://" + a.httpAddr() + "/readyz")

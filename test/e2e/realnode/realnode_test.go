@@ -241,7 +241,8 @@ func TestBrokenCDISpec(t *testing.T) {
 			t.Fatalf("spec tessera-node wrote is not JSON: %v", err)
 		}
 		_, uuid := c.allocatedUUID(t, "wrong-env")
-		return []byte(strings.ReplaceAll(string(spec), uuid, "GPU-00000000-dead-beef-0000-000000000000"))
+		// Only the env values: the device name holds the UUID too.
+		return []byte(strings.ReplaceAll(string(spec), "="+uuid, "=GPU-00000000-dead-beef-0000-000000000000"))
 	})
 	c.waitRunning(t, "wrong-env")
 	_, uuid := c.allocatedUUID(t, "wrong-env")
