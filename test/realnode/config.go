@@ -13,7 +13,7 @@ import (
 const podSubnet = "10.244.0.0/24"
 
 type paths struct {
-	socket, root, state, cdi, cniConf, cniData, kubeletConfig, kubeconfig string
+	socket, root, state, cdi, cniConf, cniData, kubeletConfig string
 }
 
 // containerdConfig is containerd 2.x's config (version 3). Each setting

@@ -158,19 +158,12 @@ func pauseTar(dir string) (string, error) {
 
 // goTool finds the go command that runs the tests.
 func goTool() (string, error) {
-	if p := filepath.Join(runtime.GOROOT(), "bin", "go"); fileExists(p) {
-		return p, nil
-	}
+	// go test puts its own GOROOT/bin first on PATH.
 	p, err := exec.LookPath("go")
 	if err != nil {
 		return "", fmt.Errorf("finding the go command: %w", err)
 	}
 	return p, nil
-}
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
 }
 
 // baseDirs are the directories a container runtime expects to find or

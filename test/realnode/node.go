@@ -153,7 +153,6 @@ func (n *Node) start(opts Options, kubeconfig string) error {
 	n.sysctls = readSysctls()
 
 	p := paths{
-		kubeconfig:    kubeconfig,
 		socket:        n.ContainerdSocket,
 		root:          filepath.Join(stateDir, "containerd", "root"),
 		state:         filepath.Join(stateDir, "containerd", "state"),
