@@ -19,6 +19,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
@@ -275,15 +276,22 @@ func startKubeScheduler(t *testing.T, cp *controlplane.ControlPlane) func() {
 	}
 }
 
-// clear deletes every pod and claim of ns and waits until they are gone.
+// clear deletes every pod and claim of ns (32 writers; a DeleteCollection
+// of thousands of pods outlives the API server's request timeout) and waits
+// until they are gone.
 func clear(t *testing.T, ctx context.Context, client kubernetes.Interface, ns string) {
 	zero := int64(0)
-	if err := client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{}); err != nil {
+	pl, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := client.ResourceV1().ResourceClaims(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	parallel(len(pl.Items), func(i int) error {
+		err := client.CoreV1().Pods(ns).Delete(ctx, pl.Items[i].Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	}, t)
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		pl, err1 := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
@@ -294,15 +302,23 @@ func clear(t *testing.T, ctx context.Context, client kubernetes.Interface, ns st
 		if time.Now().After(deadline) {
 			t.Fatalf("namespace %s not cleared", ns)
 		}
-		if err2 == nil {
-			// Allocated claims keep their delete-protection finalizer until
-			// their pods are gone; drop it so the next phase starts clean.
-			for _, c := range cl.Items {
-				if len(c.Finalizers) > 0 && c.DeletionTimestamp != nil {
+		if err1 == nil && len(pl.Items) == 0 && err2 == nil {
+			// Pods are gone: drop the claims, with the delete-protection
+			// finalizer that allocated claims carry.
+			parallel(len(cl.Items), func(i int) error {
+				c := cl.Items[i]
+				if len(c.Finalizers) > 0 {
 					c.Finalizers = nil
-					_, _ = client.ResourceV1().ResourceClaims(ns).Update(ctx, &c, metav1.UpdateOptions{})
+					if _, err := client.ResourceV1().ResourceClaims(ns).Update(ctx, &c, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+						return err
+					}
 				}
-			}
+				err := client.ResourceV1().ResourceClaims(ns).Delete(ctx, c.Name, metav1.DeleteOptions{})
+				if apierrors.IsNotFound(err) {
+					return nil
+				}
+				return err
+			}, t)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
