@@ -1,10 +1,14 @@
 // Package realnode_test runs tessera-node end to end through a real
-// kubelet and containerd: kube-scheduler allocates the claims, the kubelet
-// calls tessera-node, containerd applies its CDI specs, and busybox
-// containers print what they were given.
+// kubelet and containerd: a scheduler allocates the claims and binds the
+// pods, the kubelet calls tessera-node, containerd applies its CDI specs,
+// and busybox containers print what they were given. Every test runs twice
+// on one cluster, as subtests: with kube-scheduler (the driver needs no
+// tessera-controller) and with tessera-scheduler (the tessera-controller
+// binary, as its ServiceAccount with the shipped RBAC).
 package realnode_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -23,20 +27,27 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/cdi"
+	"github.com/tessera-gpu/tessera/controller/kube"
+	"github.com/tessera-gpu/tessera/deploy/rbac"
 	"github.com/tessera-gpu/tessera/driver/deviceclasses"
 	"github.com/tessera-gpu/tessera/driver/drivertest"
 	"github.com/tessera-gpu/tessera/test/controlplane"
+	"github.com/tessera-gpu/tessera/test/framework"
 	"github.com/tessera-gpu/tessera/test/realnode"
 )
 
 const (
-	ns       = metav1.NamespaceDefault
 	profile  = "h100-sxm-8"
 	gpuCount = 8
 )
@@ -44,7 +55,6 @@ const (
 var (
 	buildOnce sync.Once
 	buildDir  string
-	buildBin  string
 	buildErr  error
 )
 
@@ -56,8 +66,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// tesseraNodeBinary builds cmd/tessera-node once per test binary.
-func tesseraNodeBinary(t *testing.T) string {
+// binaries builds cmd/tessera-node and cmd/tessera-controller once per test
+// binary and returns the folder that holds them.
+func binaries(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		root, err := repoRoot()
@@ -65,21 +76,20 @@ func tesseraNodeBinary(t *testing.T) string {
 			buildErr = err
 			return
 		}
-		if buildDir, err = os.MkdirTemp("", "tessera-node-bin-"); err != nil {
+		if buildDir, err = os.MkdirTemp("", "tessera-bin-"); err != nil {
 			buildErr = err
 			return
 		}
-		buildBin = filepath.Join(buildDir, "tessera-node")
-		cmd := exec.Command("go", "build", "-o", buildBin, "./cmd/tessera-node")
+		cmd := exec.Command("go", "build", "-o", buildDir+"/", "./cmd/tessera-node", "./cmd/tessera-controller")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/tessera-node: %w\n%s", err, out)
+			buildErr = fmt.Errorf("go build ./cmd/tessera-node ./cmd/tessera-controller: %w\n%s", err, out)
 		}
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
-	return buildBin
+	return buildDir
 }
 
 func repoRoot() (string, error) {
@@ -99,22 +109,38 @@ func repoRoot() (string, error) {
 }
 
 // cluster is a control plane with kube-scheduler, one real node, the
-// DeviceClasses, and tessera-node on the node with fake GPUs.
+// DeviceClasses, tessera-node on the node with fake GPUs, and
+// tessera-controller. A test runs on it once per scheduler (see each);
+// within a run, c.ns is that run's namespace and c.schedulerName the
+// scheduler its pods ask for.
 type cluster struct {
 	cp     *controlplane.ControlPlane
 	node   *realnode.Node
 	client kubernetes.Interface
-	agent  *agent
+	agent  *daemon
+	// controller is tessera-controller, the process of tessera-scheduler.
+	controller *daemon
 	// mpsRecord is the file the MPS stand-in appends its calls to.
 	mpsRecord string
+
+	// Set per run by each.
+	ns            string
+	schedulerName string // "" for kube-scheduler
+	mpsBase       int    // MPS stand-in records before this run
+	bindsBase     float64
 }
+
+// saUser is tessera-controller's ServiceAccount as the API server sees its
+// token; deploy/rbac grants to it.
+var saUser = []string{"system:serviceaccount:" + rbac.Namespace + ":" + rbac.ServiceAccount,
+	"system:serviceaccounts", "system:serviceaccounts:" + rbac.Namespace, "system:authenticated"}
 
 func setup(t *testing.T) *cluster {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("real-node end-to-end test skipped with -short")
 	}
-	bin := tesseraNodeBinary(t)
+	bins := binaries(t)
 	cp := controlplane.Start(t, controlplane.Options{Scheduler: true})
 	node := realnode.Start(t, cp, realnode.Options{})
 	c := &cluster{cp: cp, node: node, client: cp.Client(t)}
@@ -140,9 +166,12 @@ func setup(t *testing.T) *cluster {
 	mpsRoot := filepath.Join(dir, "mps")
 	t.Cleanup(func() { killStandInDaemons(mpsRoot) })
 
-	c.agent = &agent{
-		bin:     bin,
+	agentAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	c.agent = &daemon{
+		name:    "tessera-node",
+		bin:     filepath.Join(bins, "tessera-node"),
 		logPath: filepath.Join(node.LogDir, "tessera-node.log"),
+		addr:    agentAddr,
 		args: []string{
 			"--node-name", node.Name,
 			"--kubeconfig", cp.KubeconfigPath,
@@ -151,7 +180,7 @@ func setup(t *testing.T) *cluster {
 			"--kubelet-plugin-dir", filepath.Join(node.PluginsDir, "gpu.tessera.dev"),
 			"--cdi-root", node.CDIDir,
 			"--mps-root", mpsRoot,
-			"--http-address", "127.0.0.1:" + strconv.Itoa(freePort(t)),
+			"--http-address", agentAddr,
 			"--v", "2",
 		},
 		env: []string{
@@ -169,8 +198,179 @@ func setup(t *testing.T) *cluster {
 			t.Errorf("deleting pods: %v", err)
 		}
 	})
+	c.startController(t, filepath.Join(bins, "tessera-controller"))
 	c.waitSlices(t)
 	return c
+}
+
+// startController runs the tessera-controller binary as its ServiceAccount
+// with the shipped RBAC and the scheduling CRDs, with leader election as in
+// a deployment, and waits until it leads.
+func (c *cluster) startController(t *testing.T, bin string) {
+	t.Helper()
+	ctx := context.Background()
+	dyn, err := dynamic.NewForConfig(c.cp.AdminConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := framework.InstallCRDs(ctx, dyn); err != nil {
+		t.Fatalf("installing CRDs: %v", err)
+	}
+	if _, err := c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: rbac.Namespace}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating namespace %s: %v", rbac.Namespace, err)
+	}
+	if err := applyRBAC(ctx, c.client); err != nil {
+		t.Fatal(err)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	c.controller = &daemon{
+		name:    "tessera-controller",
+		bin:     bin,
+		logPath: filepath.Join(c.node.LogDir, "tessera-controller.log"),
+		addr:    addr,
+		args: []string{
+			"--kubeconfig", c.cp.WriteKubeconfig(t, c.cp.UserConfig(saUser[0], saUser[1:]...)),
+			"--interval", "250ms",
+			"--metrics-bind-address", addr,
+			"--health-probe-bind-address", addr,
+			"--leader-elect-namespace", rbac.Namespace,
+			"--v", "2",
+		},
+	}
+	t.Cleanup(func() { c.controller.stop(t) })
+	c.controller.start(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for c.controller.metric(t, "tessera_leader", "") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("tessera-controller not leading after 30s; log:\n%s", tail(c.controller.logPath, 40))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// applyRBAC creates every object of deploy/rbac/tessera-controller.yaml,
+// exactly as shipped.
+func applyRBAC(ctx context.Context, client kubernetes.Interface) error {
+	sch := runtime.NewScheme()
+	_ = corev1.AddToScheme(sch)
+	_ = rbacv1.AddToScheme(sch)
+	decoder := serializer.NewCodecFactory(sch).UniversalDeserializer()
+	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(rbac.ControllerYAML)))
+	for {
+		doc, err := reader.Read()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading RBAC manifests: %w", err)
+		}
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		obj, _, err := decoder.Decode(doc, nil, nil)
+		if err != nil {
+			return fmt.Errorf("decoding RBAC manifest: %w", err)
+		}
+		switch o := obj.(type) {
+		case *corev1.ServiceAccount:
+			_, err = client.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRole:
+			_, err = client.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRoleBinding:
+			_, err = client.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.Role:
+			_, err = client.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.RoleBinding:
+			_, err = client.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		default:
+			err = fmt.Errorf("unexpected kind %T in the RBAC manifests", obj)
+		}
+		if err != nil {
+			return fmt.Errorf("applying RBAC manifest: %w", err)
+		}
+	}
+}
+
+// each runs test once per scheduler on this cluster, as subtests named
+// after it, each in its own namespace; a run's pods and claims are deleted
+// when it ends (so the GPUs are free again for the next).
+func (c *cluster) each(t *testing.T, test func(t *testing.T, c *cluster)) {
+	for _, sched := range []string{"kube-scheduler", kube.SchedulerName} {
+		t.Run(sched, func(t *testing.T) {
+			r := *c
+			r.ns = sched
+			if sched == kube.SchedulerName {
+				r.schedulerName = sched
+				r.bindsBase = c.controller.metric(t, "tessera_binds_total", "")
+			}
+			r.mpsBase = len(drivertest.Record(t, c.mpsRecord))
+			if _, err := c.client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns}}, metav1.CreateOptions{}); err != nil {
+				t.Fatalf("creating namespace %s: %v", r.ns, err)
+			}
+			t.Cleanup(func() { r.clean(t) })
+			test(t, &r)
+		})
+	}
+}
+
+// clean deletes the run's pods, waits for the kubelet to finish them
+// (unprepared), then deletes its claims and waits for them to go.
+func (c *cluster) clean(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	grace := int64(1)
+	pods := c.client.CoreV1().Pods(c.ns)
+	claims := c.client.ResourceV1().ResourceClaims(c.ns)
+	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &grace}, metav1.ListOptions{}); err != nil {
+		t.Errorf("deleting pods of %s: %v", c.ns, err)
+	}
+	for {
+		l, err := pods.List(ctx, metav1.ListOptions{})
+		if err == nil && len(l.Items) == 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Errorf("pods of %s still there after 2m", c.ns)
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if err := claims.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		t.Errorf("deleting claims of %s: %v", c.ns, err)
+	}
+	for {
+		l, err := claims.List(ctx, metav1.ListOptions{})
+		if err == nil && len(l.Items) == 0 {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Errorf("claims of %s still there after 2m", c.ns)
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// tessera says whether this run's pods are scheduled by tessera-scheduler.
+func (c *cluster) tessera() bool { return c.schedulerName != "" }
+
+// checkBinds checks, in a tessera-scheduler run, that tessera-controller
+// bound n pods in this run.
+func (c *cluster) checkBinds(t *testing.T, n int) {
+	t.Helper()
+	if !c.tessera() {
+		return
+	}
+	if got := c.controller.metric(t, "tessera_binds_total", "") - c.bindsBase; got != float64(n) {
+		t.Errorf("tessera-controller bound %v pods in this run, want %d", got, n)
+	}
+}
+
+// mpsRecords returns the MPS stand-in's records of this run.
+func (c *cluster) mpsRecords(t *testing.T) []string {
+	t.Helper()
+	return drivertest.Record(t, c.mpsRecord)[c.mpsBase:]
 }
 
 // waitSlices waits for the node's GPUs in the ResourceSlices, which the
@@ -227,12 +427,12 @@ func (c *cluster) claim(t *testing.T, name, class string, index int, memory stri
 		}}
 	}
 	rc := &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: c.ns, Name: name},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
 			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: req}},
 		}},
 	}
-	out, err := c.client.ResourceV1().ResourceClaims(ns).Create(context.Background(), rc, metav1.CreateOptions{})
+	out, err := c.client.ResourceV1().ResourceClaims(c.ns).Create(context.Background(), rc, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("creating claim %s: %v", name, err)
 	}
@@ -243,25 +443,26 @@ func (c *cluster) claim(t *testing.T, name, class string, index int, memory stri
 // got, then stays up.
 const envScript = `env | grep -E '^(NVIDIA|TESSERA|CUDA)_' | sort; echo "nvidia-devices=$(ls /dev | grep -c nvidia)"; echo done-printing; exec sleep 3600`
 
-// gpuPod is a busybox pod using claim, for the scheduler to place.
+// gpuPod is a busybox pod using claim, for this run's scheduler to place.
 func (c *cluster) gpuPod(t *testing.T, name, claim string) *corev1.Pod {
 	t.Helper()
-	p := realnode.BusyboxPod(ns, name, "", envScript)
+	p := realnode.BusyboxPod(c.ns, name, "", envScript)
 	p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim}}
 	p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
+	p.Spec.SchedulerName = c.schedulerName
 	return p
 }
 
 func (c *cluster) create(t *testing.T, p *corev1.Pod) {
 	t.Helper()
-	if _, err := c.client.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+	if _, err := c.client.CoreV1().Pods(c.ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("creating pod %s: %v", p.Name, err)
 	}
 }
 
 func (c *cluster) waitRunning(t *testing.T, name string) *corev1.Pod {
 	t.Helper()
-	return realnode.WaitPod(t, c.client, ns, name, 2*time.Minute, "Running", realnode.PodPhase(corev1.PodRunning))
+	return realnode.WaitPod(t, c.client, c.ns, name, 2*time.Minute, "Running", realnode.PodPhase(corev1.PodRunning))
 }
 
 // printedEnv waits for the pod's container to have printed its env and
@@ -270,7 +471,7 @@ func (c *cluster) printedEnv(t *testing.T, pod string) map[string]string {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		logs := realnode.PodLogs(t, c.client, ns, pod)
+		logs := realnode.PodLogs(t, c.client, c.ns, pod)
 		if strings.Contains(logs, "done-printing") {
 			env := map[string]string{}
 			for line := range strings.SplitSeq(logs, "\n") {
@@ -302,7 +503,7 @@ func checkEnv(got, want map[string]string) error {
 // allocatedUUID returns the GPU UUID the scheduler allocated to a claim.
 func (c *cluster) allocatedUUID(t *testing.T, claim string) (device, uuid string) {
 	t.Helper()
-	rc, err := c.client.ResourceV1().ResourceClaims(ns).Get(context.Background(), claim, metav1.GetOptions{})
+	rc, err := c.client.ResourceV1().ResourceClaims(c.ns).Get(context.Background(), claim, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("getting claim %s: %v", claim, err)
 	}
@@ -324,12 +525,12 @@ func (c *cluster) specPath(rc *resourceapi.ResourceClaim) string {
 func (c *cluster) deletePod(t *testing.T, name string) {
 	t.Helper()
 	ctx := context.Background()
-	if err := c.client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+	if err := c.client.CoreV1().Pods(c.ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 		t.Fatalf("deleting pod %s: %v", name, err)
 	}
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		if _, err := c.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+		if _, err := c.client.CoreV1().Pods(c.ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -354,13 +555,23 @@ func waitGone(t *testing.T, path string, timeout time.Duration) {
 	}
 }
 
+// daemon is a Tessera binary run as a process: tessera-node next to the
+// kubelet, or tessera-controller. Both serve /readyz and /metrics on addr.
+type daemon struct {
+	name, bin, logPath string
+	addr               string
+	args, env          []string
+	cmd                *exec.Cmd
+	done               chan struct{}
+}
+
 // metric returns the sum of a metric's samples whose line contains match,
-// from tessera-node's /metrics.
-func (c *cluster) metric(t *testing.T, name, match string) float64 {
+// from the daemon's /metrics.
+func (d *daemon) metric(t *testing.T, name, match string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + c.agent.httpAddr() + "/metrics")
+	resp, err := http.Get("http://" + d.addr + "/metrics")
 	if err != nil {
-		t.Fatalf("reading tessera-node metrics: %v", err)
+		t.Fatalf("reading %s metrics: %v", d.name, err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
@@ -381,41 +592,24 @@ func (c *cluster) metric(t *testing.T, name, match string) float64 {
 	return sum
 }
 
-// agent is tessera-node as a process next to the kubelet.
-type agent struct {
-	bin, logPath string
-	args, env    []string
-	cmd          *exec.Cmd
-	done         chan struct{}
-}
-
-func (a *agent) httpAddr() string {
-	for i, arg := range a.args {
-		if arg == "--http-address" {
-			return a.args[i+1]
-		}
-	}
-	return ""
-}
-
-// start runs tessera-node and waits for /readyz.
-func (a *agent) start(t *testing.T) {
+// start runs the daemon and waits for /readyz.
+func (d *daemon) start(t *testing.T) {
 	t.Helper()
-	f, err := os.OpenFile(a.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	f, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		t.Fatalf("tessera-node log: %v", err)
+		t.Fatalf("%s log: %v", d.name, err)
 	}
-	fmt.Fprintf(f, "# %s %s\n", a.bin, strings.Join(a.args, " "))
-	cmd := exec.Command(a.bin, a.args...)
+	fmt.Fprintf(f, "# %s %s\n", d.bin, strings.Join(d.args, " "))
+	cmd := exec.Command(d.bin, d.args...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = append(os.Environ(), a.env...)
+	cmd.Env = append(os.Environ(), d.env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		f.Close()
-		t.Fatalf("starting tessera-node: %v", err)
+		t.Fatalf("starting %s: %v", d.name, err)
 	}
-	a.cmd, a.done = cmd, make(chan struct{})
-	done := a.done
+	d.cmd, d.done = cmd, make(chan struct{})
+	done := d.done
 	go func() {
 		_ = cmd.Wait()
 		f.Close()
@@ -423,7 +617,7 @@ func (a *agent) start(t *testing.T) {
 	}()
 	deadline := time.Now().Add(time.Minute)
 	for {
-		resp, err := http.Get("http://" + a.httpAddr() + "/readyz")
+		resp, err := http.Get("http://" + d.addr + "/readyz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -431,40 +625,43 @@ func (a *agent) start(t *testing.T) {
 			}
 		}
 		select {
-		case <-a.done:
-			t.Fatalf("tessera-node exited while starting; log:\n%s", tail(a.logPath, 40))
+		case <-d.done:
+			t.Fatalf("%s exited while starting; log:\n%s", d.name, tail(d.logPath, 40))
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("tessera-node not ready after 1m; log:\n%s", tail(a.logPath, 40))
+			t.Fatalf("%s not ready after 1m; log:\n%s", d.name, tail(d.logPath, 40))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 }
 
-// stop sends SIGTERM and waits for tessera-node to exit.
-func (a *agent) stop(t *testing.T) {
+// stop sends SIGTERM and waits for the daemon to exit.
+func (d *daemon) stop(t *testing.T) {
 	t.Helper()
+	if d.cmd == nil {
+		return
+	}
 	select {
-	case <-a.done:
+	case <-d.done:
 		return
 	default:
 	}
-	_ = syscall.Kill(a.cmd.Process.Pid, syscall.SIGTERM)
+	_ = syscall.Kill(d.cmd.Process.Pid, syscall.SIGTERM)
 	select {
-	case <-a.done:
+	case <-d.done:
 	case <-time.After(20 * time.Second):
-		t.Errorf("tessera-node ignored SIGTERM for 20s; killing it")
-		_ = syscall.Kill(-a.cmd.Process.Pid, syscall.SIGKILL)
-		<-a.done
+		t.Errorf("%s ignored SIGTERM for 20s; killing it", d.name)
+		_ = syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
+		<-d.done
 	}
 }
 
-// restart stops tessera-node and starts it again with the same flags.
-func (a *agent) restart(t *testing.T) {
+// restart stops the daemon and starts it again with the same flags.
+func (d *daemon) restart(t *testing.T) {
 	t.Helper()
-	a.stop(t)
-	a.start(t)
+	d.stop(t)
+	d.start(t)
 }
 
 // killStandInDaemons stops the stand-in's daemons (sleeps) that no quit

@@ -13,15 +13,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-gpu/tessera/driver/deviceclasses"
-	"github.com/tessera-gpu/tessera/driver/drivertest"
 	"github.com/tessera-gpu/tessera/test/realnode"
 )
 
 // TestWholeGPU: a pod with a plain claim of the exclusive class runs and
-// its container sees the GPU's UUID from the CDI spec, and no device nodes
-// (fake mode); deleting the pod removes the spec.
-func TestWholeGPU(t *testing.T) {
-	c := setup(t)
+// its container sees the UUID of the GPU the scheduler allocated, from the
+// CDI spec, and no device nodes (fake mode); deleting the pod removes the
+// spec.
+func TestWholeGPU(t *testing.T) { setup(t).each(t, testWholeGPU) }
+
+func testWholeGPU(t *testing.T, c *cluster) {
 	rc := c.claim(t, "whole", deviceclasses.Exclusive, 3, "")
 	c.create(t, c.gpuPod(t, "whole", "whole"))
 	start := time.Now()
@@ -34,7 +35,7 @@ func TestWholeGPU(t *testing.T) {
 		"NVIDIA_VISIBLE_DEVICES": uuid,
 		"TESSERA_GPU_UUIDS":      uuid,
 		"TESSERA_SHARING":        "Exclusive",
-		"TESSERA_CLAIM":          "default/whole",
+		"TESSERA_CLAIM":          c.ns + "/whole",
 		"nvidia-devices":         "0",
 	}); err != nil {
 		t.Errorf("container env: %v", err)
@@ -42,6 +43,7 @@ func TestWholeGPU(t *testing.T) {
 	if _, ok := env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]; ok {
 		t.Errorf("exclusive container got MPS env: %v", env)
 	}
+	c.checkBinds(t, 1)
 	spec := c.specPath(rc)
 	if _, err := os.Stat(spec); err != nil {
 		t.Fatalf("CDI spec of the running pod's claim: %v", err)
@@ -52,10 +54,13 @@ func TestWholeGPU(t *testing.T) {
 
 // TestSharing: two 40 GB MPS claims on one 80 GB GPU run side by side with
 // their own limits and one MPS daemon; a time-sliced pair runs on another
-// GPU, where an MPS claim is then refused with an event that says why;
-// deleting the pods unprepares everything and tells the daemon to quit.
-func TestSharing(t *testing.T) {
-	c := setup(t)
+// GPU, where an MPS claim is then refused (by tessera-node with an event
+// under kube-scheduler, by tessera-scheduler itself before any node is
+// involved); deleting the pods unprepares everything and tells the daemon
+// to quit.
+func TestSharing(t *testing.T) { setup(t).each(t, testSharing) }
+
+func testSharing(t *testing.T, c *cluster) {
 	mps := []string{"mps-a", "mps-b"}
 	ts := []string{"ts-a", "ts-b"}
 	var specs []string
@@ -76,7 +81,7 @@ func TestSharing(t *testing.T) {
 		if err := checkEnv(c.printedEnv(t, name), map[string]string{
 			"TESSERA_GPU_UUIDS":                 gpu0,
 			"TESSERA_SHARING":                   "MPS",
-			"TESSERA_CLAIM":                     "default/" + name,
+			"TESSERA_CLAIM":                     c.ns + "/" + name,
 			"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  gpu0 + "=40960M",
 			"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
 			"nvidia-devices":                    "0",
@@ -98,27 +103,36 @@ func TestSharing(t *testing.T) {
 			t.Errorf("time-sliced pod %s got MPS env", name)
 		}
 	}
-	if got := starts(drivertest.Record(t, c.mpsRecord)); got != 1 {
-		t.Errorf("MPS stand-in started %d times, want once for GPU 0; record %v", got, drivertest.Record(t, c.mpsRecord))
+	if got := starts(c.mpsRecords(t)); got != 1 {
+		t.Errorf("MPS stand-in started %d times, want once for GPU 0; record %v", got, c.mpsRecords(t))
 	}
+	c.checkBinds(t, len(mps)+len(ts))
 
-	// GPU 1 is time-sliced: an MPS claim on it is allocated by the
-	// scheduler (it knows no sharing modes) but refused by tessera-node.
-	c.claim(t, "mixed", deviceclasses.MPS, 1, "20Gi")
+	// GPU 1 is time-sliced: an MPS claim on it.
+	mixed := c.claim(t, "mixed", deviceclasses.MPS, 1, "20Gi")
 	c.create(t, c.gpuPod(t, "mixed", "mixed"))
-	deadline := time.Now().Add(time.Minute)
-	for {
-		events := realnode.PodEvents(c.client, ns, "mixed")
-		if strings.Contains(events, "one sharing mode per GPU") {
-			t.Logf("mixed-mode pod refused:%s", events)
-			break
+	if c.tessera() {
+		c.refusedByTessera(t, "mixed", "mixing sharing modes")
+		if _, err := os.Stat(c.specPath(mixed)); err == nil {
+			t.Errorf("the refused claim was prepared: %s exists", c.specPath(mixed))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no event explains why the mixed-mode pod does not start; events:%s", events)
+	} else {
+		// kube-scheduler knows no sharing modes: it allocates the claim,
+		// and tessera-node refuses to prepare it.
+		deadline := time.Now().Add(time.Minute)
+		for {
+			events := realnode.PodEvents(c.client, c.ns, "mixed")
+			if strings.Contains(events, "one sharing mode per GPU") {
+				t.Logf("mixed-mode pod refused:%s", events)
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no event explains why the mixed-mode pod does not start; events:%s", events)
+			}
+			time.Sleep(500 * time.Millisecond)
 		}
-		time.Sleep(500 * time.Millisecond)
 	}
-	if p, err := c.client.CoreV1().Pods(ns).Get(context.Background(), "mixed", metav1.GetOptions{}); err != nil || p.Status.Phase == corev1.PodRunning {
+	if p, err := c.client.CoreV1().Pods(c.ns).Get(context.Background(), "mixed", metav1.GetOptions{}); err != nil || p.Status.Phase == corev1.PodRunning {
 		t.Errorf("mixed-mode pod: %v, phase %v; want it not running", err, p.Status.Phase)
 	}
 	c.deletePod(t, "mixed")
@@ -129,10 +143,10 @@ func TestSharing(t *testing.T) {
 	for _, s := range specs {
 		waitGone(t, s, 30*time.Second)
 	}
-	deadline = time.Now().Add(30 * time.Second)
-	for !contains(drivertest.Record(t, c.mpsRecord), "quit") {
+	deadline := time.Now().Add(30 * time.Second)
+	for !contains(c.mpsRecords(t), "quit") {
 		if time.Now().After(deadline) {
-			t.Fatalf("MPS stand-in not told to quit after the last MPS pod went; record %v", drivertest.Record(t, c.mpsRecord))
+			t.Fatalf("MPS stand-in not told to quit after the last MPS pod went; record %v", c.mpsRecords(t))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -140,8 +154,9 @@ func TestSharing(t *testing.T) {
 
 // TestAgentRestart: tessera-node restarted while pods run re-prepares
 // nothing, loses nothing, and leaves the pods alone.
-func TestAgentRestart(t *testing.T) {
-	c := setup(t)
+func TestAgentRestart(t *testing.T) { setup(t).each(t, testAgentRestart) }
+
+func testAgentRestart(t *testing.T, c *cluster) {
 	c.claim(t, "excl", deviceclasses.Exclusive, 2, "")
 	c.claim(t, "mps", deviceclasses.MPS, 4, "30Gi")
 	for _, name := range []string{"excl", "mps"} {
@@ -153,26 +168,26 @@ func TestAgentRestart(t *testing.T) {
 		c.printedEnv(t, name)
 		before[name] = p.Status.ContainerStatuses[0]
 	}
-	if got := c.metric(t, "tessera_node_prepared_claims", ""); got != 2 {
+	if got := c.agent.metric(t, "tessera_node_prepared_claims", ""); got != 2 {
 		t.Fatalf("prepared claims before the restart = %v, want 2", got)
 	}
 
 	c.agent.restart(t)
 
-	if got := c.metric(t, "tessera_node_prepared_claims", ""); got != 2 {
+	if got := c.agent.metric(t, "tessera_node_prepared_claims", ""); got != 2 {
 		t.Errorf("prepared claims after the restart = %v, want 2 (from the checkpoint)", got)
 	}
 	// Give the kubelet time to notice the re-registered plugin; it must not
 	// prepare the running pods' claims again.
 	time.Sleep(5 * time.Second)
-	if got := c.metric(t, "tessera_node_prepare_duration_seconds_count", `operation="prepare"`); got != 0 {
+	if got := c.agent.metric(t, "tessera_node_prepare_duration_seconds_count", `operation="prepare"`); got != 0 {
 		t.Errorf("claims prepared again after the restart: %v", got)
 	}
-	if got := starts(drivertest.Record(t, c.mpsRecord)); got != 1 {
-		t.Errorf("MPS stand-in started %d times, want once (adopted after the restart); record %v", got, drivertest.Record(t, c.mpsRecord))
+	if got := starts(c.mpsRecords(t)); got != 1 {
+		t.Errorf("MPS stand-in started %d times, want once (adopted after the restart); record %v", got, c.mpsRecords(t))
 	}
 	for _, name := range []string{"excl", "mps"} {
-		p, err := c.client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+		p, err := c.client.CoreV1().Pods(c.ns).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatalf("pod %s: %v", name, err)
 		}
@@ -185,14 +200,16 @@ func TestAgentRestart(t *testing.T) {
 	c.claim(t, "late", deviceclasses.Exclusive, 5, "")
 	c.create(t, c.gpuPod(t, "late", "late"))
 	c.waitRunning(t, "late")
+	c.checkBinds(t, 3)
 }
 
 // TestBrokenCDISpec shows that these tests see what containerd applied:
 // a spec tampered with after tessera-node wrote it gives the container a
 // wrong env, which checkEnv reports; a spec that does not parse keeps the
 // container from being created.
-func TestBrokenCDISpec(t *testing.T) {
-	c := setup(t)
+func TestBrokenCDISpec(t *testing.T) { setup(t).each(t, testBrokenCDISpec) }
+
+func testBrokenCDISpec(t *testing.T, c *cluster) {
 	signal := t.TempDir()
 
 	tamper := func(name string, index int, edit func(spec []byte) []byte) {
@@ -257,23 +274,55 @@ func TestBrokenCDISpec(t *testing.T) {
 	tamper("bad-spec", 7, func([]byte) []byte { return []byte("{not a CDI spec") })
 	deadline := time.Now().Add(time.Minute)
 	for {
-		p, err := c.client.CoreV1().Pods(ns).Get(context.Background(), "bad-spec", metav1.GetOptions{})
+		p, err := c.client.CoreV1().Pods(c.ns).Get(context.Background(), "bad-spec", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if p.Status.Phase == corev1.PodRunning {
 			t.Fatalf("pod with a broken CDI spec is Running")
 		}
-		events := realnode.PodEvents(c.client, ns, "bad-spec")
+		events := realnode.PodEvents(c.client, c.ns, "bad-spec")
 		if len(p.Status.ContainerStatuses) > 0 && p.Status.ContainerStatuses[0].State.Waiting != nil &&
 			p.Status.ContainerStatuses[0].State.Waiting.Reason == "CreateContainerError" {
 			t.Logf("broken spec stops the container: %s; events:%s", p.Status.ContainerStatuses[0].State.Waiting.Message, events)
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("pod with a broken CDI spec: %s", realnode.DescribePod(c.client, ns, "bad-spec", p))
+			t.Fatalf("pod with a broken CDI spec: %s", realnode.DescribePod(c.client, c.ns, "bad-spec", p))
 		}
 		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// refusedByTessera waits for tessera-scheduler to report the pod
+// unschedulable with a reason containing why, and checks that it stays
+// unbound with its claim unallocated.
+func (c *cluster) refusedByTessera(t *testing.T, pod, why string) {
+	t.Helper()
+	p := realnode.WaitPod(t, c.client, c.ns, pod, time.Minute, "reported unschedulable by tessera-scheduler", func(p *corev1.Pod) bool {
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse && strings.Contains(cond.Message, why) {
+				return true
+			}
+		}
+		return false
+	})
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodScheduled {
+			t.Logf("pod %s refused by tessera-scheduler: %s: %s", pod, cond.Reason, cond.Message)
+		}
+	}
+	if p.Spec.NodeName != "" {
+		t.Errorf("refused pod %s is bound to %s", pod, p.Spec.NodeName)
+	}
+	for _, pc := range p.Spec.ResourceClaims {
+		rc, err := c.client.ResourceV1().ResourceClaims(c.ns).Get(context.Background(), *pc.ResourceClaimName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("claim of %s: %v", pod, err)
+		}
+		if rc.Status.Allocation != nil {
+			t.Errorf("claim %s of the refused pod is allocated: %+v", rc.Name, rc.Status.Allocation)
+		}
 	}
 }
 
