@@ -40,6 +40,11 @@ type Options struct {
 	FeatureGates map[string]bool
 	// ReadyTimeout bounds the wait for the Node to be Ready (default 2m).
 	ReadyTimeout time.Duration
+	// AfterTeardown, when set, runs at the end of the teardown while the
+	// machine-wide real-node lock is still held, with the sysctl values
+	// found before the node started: a test checks there that the host is
+	// as it was, before another test's node can start.
+	AfterTeardown func(sysctlsBefore map[string]string)
 }
 
 // Node is a running real node. Its fields are read-only.
@@ -66,6 +71,7 @@ type Node struct {
 	logf       func(string, ...any)
 	lock       *os.File
 	sysctls    map[string]string
+	afterDown  func(map[string]string)
 	containerd *proc
 	kubelet    *proc
 	stopOnce   sync.Once
@@ -113,6 +119,7 @@ func Start(t testing.TB, cp *controlplane.ControlPlane, opts Options) *Node {
 		client:            cp.Client(t),
 		logf:              t.Logf,
 		lock:              lock,
+		afterDown:         opts.AfterTeardown,
 	}
 	// Registered before anything starts, so a failed start is cleaned too.
 	t.Cleanup(func() { n.stop(t.Failed()) })
@@ -308,6 +315,9 @@ func (n *Node) stop(failed bool) {
 		}
 		if len(errs) > 0 {
 			n.logf("real node teardown: %v", errors.Join(errs...))
+		}
+		if n.afterDown != nil {
+			n.afterDown(n.sysctls)
 		}
 		if failed || len(errs) > 0 {
 			for _, p := range []*proc{n.containerd, n.kubelet} {

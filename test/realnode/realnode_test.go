@@ -21,8 +21,7 @@ import (
 // through the apiserver and the kubelet.
 func TestBusyboxPods(t *testing.T) {
 	cp := controlplane.Start(t, controlplane.Options{})
-	checkTeardown(t)
-	node := realnode.Start(t, cp, realnode.Options{})
+	node := realnode.Start(t, cp, realnode.Options{AfterTeardown: func(before map[string]string) { checkTeardown(t, before) }})
 	client := cp.Client(t)
 	ctx := context.Background()
 	const ns = metav1.NamespaceDefault
@@ -62,20 +61,16 @@ func TestBusyboxPods(t *testing.T) {
 	}
 }
 
-// checkTeardown verifies, after the node's cleanup, that the host is as it
-// was: the kubelet's sysctls restored, nothing mounted under the kubelet's
-// root or the node's state, no pod cgroups, no CNI bridge.
-func checkTeardown(t *testing.T) {
-	sysctls := []string{"vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops"}
-	before := map[string]string{}
-	for _, k := range sysctls {
-		b, _ := os.ReadFile("/proc/sys/" + k)
-		before[k] = string(b)
-	}
-	t.Cleanup(func() {
-		for _, k := range sysctls {
-			if b, _ := os.ReadFile("/proc/sys/" + k); string(b) != before[k] {
-				t.Errorf("sysctl %s = %q after teardown, was %q", k, b, before[k])
+// checkTeardown verifies, at the end of the node's teardown (while it still
+// holds the real-node lock, so no other test's node is up), that the host is
+// as it was: the kubelet's sysctls restored to what the node found, nothing
+// mounted under the kubelet's root or the node's state, no pod cgroups, no
+// CNI bridge.
+func checkTeardown(t *testing.T, before map[string]string) {
+	{
+		for k, v := range before {
+			if b, _ := os.ReadFile("/proc/sys/" + k); strings.TrimSpace(string(b)) != v {
+				t.Errorf("sysctl %s = %q after teardown, was %q", k, strings.TrimSpace(string(b)), v)
 			}
 		}
 		mounts, _ := os.ReadFile("/proc/self/mountinfo")
@@ -90,5 +85,5 @@ func checkTeardown(t *testing.T) {
 		if _, err := net.InterfaceByName("tessera0"); err == nil {
 			t.Errorf("CNI bridge tessera0 remains after teardown")
 		}
-	})
+	}
 }
