@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/structured"
 
 	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
 	"github.com/tessera-gpu/tessera/controller/core"
@@ -34,6 +35,9 @@ type cycleIndex struct {
 	// taintedNodes and taintedGPUs say whether any node or GPU has a
 	// scheduling taint, so pods need a feasibility check at all.
 	taintedNodes, taintedGPUs bool
+	// allocated is what claims hold at the cycle's start, computed on
+	// first use.
+	allocated *structured.AllocatedState
 }
 
 type podRef struct {

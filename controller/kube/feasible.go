@@ -9,6 +9,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 )
 
@@ -37,6 +38,28 @@ func (s *Scheduler) feasibility(pod *v1.Pod, claims []*resourceapi.ResourceClaim
 			return nil, fmt.Errorf("node affinity: %w", err)
 		}
 		nodeChecks = append(nodeChecks, sel.Match)
+	}
+	// Claims for other drivers' devices: the node must be able to satisfy
+	// them too (the commit allocates them with the structured allocator).
+	var other []*resourceapi.ResourceClaim
+	for _, c := range claims {
+		if c.Status.Allocation != nil || placed {
+			continue
+		}
+		tessera := false
+		for _, r := range c.Spec.Devices.Requests {
+			if r.Exactly != nil {
+				if class := s.getClass(r.Exactly.DeviceClassName); class != nil && isTesseraClass(class) {
+					tessera = true
+				}
+			}
+		}
+		if !tessera {
+			other = append(other, c)
+		}
+	}
+	if len(other) > 0 {
+		nodeChecks = append(nodeChecks, func(n *v1.Node) bool { return s.otherClaimsFit(n, other, idx) })
 	}
 	var exprs []string
 	for _, c := range claims {
@@ -133,4 +156,26 @@ func toleratesAll(tolerations []v1.Toleration, taints []v1.Taint) bool {
 		}
 	}
 	return true
+}
+
+// otherClaimsFit reports whether claims for other drivers' devices can be
+// allocated on node, given what is allocated at the cycle's start.
+func (s *Scheduler) otherClaimsFit(node *v1.Node, claims []*resourceapi.ResourceClaim, idx *cycleIndex) bool {
+	if idx.allocated == nil {
+		idx.allocated = s.allocatedState()
+	}
+	local, _ := s.sliceIndexer.ByIndex(sliceNodeIndex, node.Name)
+	shared, _ := s.sliceIndexer.ByIndex(sliceNodeIndex, "")
+	var slices []*resourceapi.ResourceSlice
+	for _, obj := range append(local, shared...) {
+		if sl := obj.(*resourceapi.ResourceSlice); sl.Spec.Driver != DriverName {
+			slices = append(slices, sl)
+		}
+	}
+	alloc, err := structured.NewAllocator(context.Background(), allocatorFeatures, *idx.allocated, classLister{s}, slices, s.celCache)
+	if err != nil {
+		return false
+	}
+	res, err := alloc.Allocate(context.Background(), node, claims)
+	return err == nil && res != nil
 }

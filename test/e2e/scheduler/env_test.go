@@ -183,6 +183,7 @@ type podSpec struct {
 	claim    *gpuClaim
 	cpu      string
 	tolerate string // a NoSchedule taint key to tolerate
+	nicClass string // a second claim, for one device of this (other driver's) class
 }
 
 func (e *env) createPod(p podSpec) *v1.Pod {
@@ -212,6 +213,18 @@ func (e *env) createPod(p podSpec) *v1.Pod {
 		tmpl := e.claimTemplate(p.name, *c)
 		pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmpl}}
 		pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
+	}
+	if p.nicClass != "" {
+		tmpl := p.name + "-nic"
+		spec := resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: p.nicClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}}}}
+		if _, err := e.client.ResourceV1().ResourceClaimTemplates(e.ns).Create(e.ctx, &resourceapi.ResourceClaimTemplate{
+			ObjectMeta: metav1.ObjectMeta{Name: tmpl, Namespace: e.ns},
+			Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: spec}},
+		}, metav1.CreateOptions{}); err != nil {
+			e.t.Fatal(err)
+		}
+		pod.Spec.ResourceClaims = append(pod.Spec.ResourceClaims, v1.PodResourceClaim{Name: "nic", ResourceClaimTemplateName: &tmpl})
+		pod.Spec.Containers[0].Resources.Claims = append(pod.Spec.Containers[0].Resources.Claims, v1.ResourceClaim{Name: "nic"})
 	}
 	created, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, pod, metav1.CreateOptions{})
 	if err != nil {

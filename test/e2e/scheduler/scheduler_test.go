@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -371,4 +372,55 @@ func TestConstraints(t *testing.T) {
 		}
 	})
 	e.checkNoDoubleAllocation()
+}
+
+// TestOtherDriverClaims: a pod that asks for a GPU and for a device of
+// another driver gets both, on the one node that has that device (it sorts
+// last, so bin-packing by name alone would pick the other), through the
+// structured allocator.
+func TestOtherDriverClaims(t *testing.T) {
+	e := newEnv(t)
+	e.addGPUNode("gpu-only", "l4-2")
+	e.addGPUNode("z-gpu-nic", "l4-2")
+	node := "z-gpu-nic"
+	if _, err := e.client.ResourceV1().ResourceSlices().Create(e.ctx, &resourceapi.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "z-gpu-nic-nics"},
+		Spec: resourceapi.ResourceSliceSpec{
+			Driver: "nic.example.com", NodeName: &node,
+			Pool:    resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
+			Devices: []resourceapi.Device{{Name: "nic-0"}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.ResourceV1().DeviceClasses().Create(e.ctx, &resourceapi.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "nic.example.com"},
+		Spec:       resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "nic.example.com"`}}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.startScheduler(core.Config{})
+	e.createPod(podSpec{name: "gpu-and-nic", claim: &gpuClaim{}, nicClass: "nic.example.com"})
+	e.waitBound("gpu-and-nic")
+	p := e.pod("gpu-and-nic")
+	if p.Spec.NodeName != node {
+		t.Fatalf("bound to %s; only %s has the NIC", p.Spec.NodeName, node)
+	}
+	var got []string
+	for _, s := range p.Status.ResourceClaimStatuses {
+		c, err := e.client.ResourceV1().ResourceClaims(e.ns).Get(e.ctx, *s.ResourceClaimName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Status.Allocation == nil {
+			t.Fatalf("claim %s not allocated", c.Name)
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			got = append(got, r.Driver+"/"+r.Device)
+		}
+	}
+	slices.Sort(got)
+	if len(got) != 2 || got[1] != "nic.example.com/nic-0" || !contains(got[0], "gpu.tessera.dev/gpu-") {
+		t.Fatalf("allocated %v; want one GPU and nic-0", got)
+	}
 }
