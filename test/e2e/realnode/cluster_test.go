@@ -208,6 +208,7 @@ func setup(t *testing.T) *cluster {
 // a deployment, and waits until it leads.
 func (c *cluster) startController(t *testing.T, bin string) {
 	t.Helper()
+	start := time.Now()
 	ctx := context.Background()
 	dyn, err := dynamic.NewForConfig(c.cp.AdminConfig)
 	if err != nil {
@@ -246,6 +247,7 @@ func (c *cluster) startController(t *testing.T, bin string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	t.Logf("tessera-controller leading %s after installing CRDs and RBAC", time.Since(start).Round(10*time.Millisecond))
 }
 
 // applyRBAC creates every object of deploy/rbac/tessera-controller.yaml,
@@ -356,7 +358,8 @@ func (c *cluster) clean(t *testing.T) {
 func (c *cluster) tessera() bool { return c.schedulerName != "" }
 
 // checkBinds checks, in a tessera-scheduler run, that tessera-controller
-// bound n pods in this run.
+// bound n pods in this run, with no failed API call and nothing its RBAC
+// forbids.
 func (c *cluster) checkBinds(t *testing.T, n int) {
 	t.Helper()
 	if !c.tessera() {
@@ -364,6 +367,12 @@ func (c *cluster) checkBinds(t *testing.T, n int) {
 	}
 	if got := c.controller.metric(t, "tessera_binds_total", "") - c.bindsBase; got != float64(n) {
 		t.Errorf("tessera-controller bound %v pods in this run, want %d", got, n)
+	}
+	if got := c.controller.metric(t, "tessera_api_errors_total", ""); got != 0 {
+		t.Errorf("tessera-controller: %v failed API calls; log:\n%s", got, tail(c.controller.logPath, 40))
+	}
+	if data, _ := os.ReadFile(c.controller.logPath); bytes.Contains(data, []byte("forbidden")) {
+		t.Errorf("tessera-controller was refused by RBAC; log:\n%s", tail(c.controller.logPath, 40))
 	}
 }
 
