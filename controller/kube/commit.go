@@ -62,6 +62,7 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 
 	// Evictions, in parallel.
 	var mu sync.Mutex
+	evictedOK := map[string]bool{}
 	s.parallel(len(res.Evictions), func(i int) {
 		ev := res.Evictions[i]
 		ref := idx.pods[ev.Pod]
@@ -75,6 +76,7 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 		case err == nil:
 			st.evicted++
 			st.evictionsByWhat[ev.Action]++
+			evictedOK[ev.Pod] = true
 		case apierrors.IsTooManyRequests(err):
 			s.pdbBlocked[ev.Pod] = true
 			s.pdbExpiry[ev.Pod] = now.Add(pdbBackoff)
@@ -93,7 +95,9 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 	// pipelined bind waits whole, so a gang is never half-bound.
 	victimsOn := map[string][]string{}
 	for _, ev := range res.Evictions {
-		victimsOn[ev.Node] = append(victimsOn[ev.Node], ev.Pod)
+		if evictedOK[ev.Pod] {
+			victimsOn[ev.Node] = append(victimsOn[ev.Node], ev.Pod)
+		}
 	}
 	waiting := map[string]bool{}
 	for _, b := range res.Binds {

@@ -2,6 +2,9 @@ package scheduler_test
 
 import (
 	"fmt"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"slices"
 	"testing"
 	"time"
@@ -423,4 +426,69 @@ func TestOtherDriverClaims(t *testing.T) {
 	if len(got) != 2 || got[1] != "nic.example.com/nic-0" || !contains(got[0], "gpu.tessera.dev/gpu-") {
 		t.Fatalf("allocated %v; want one GPU and nic-0", got)
 	}
+}
+
+// TestReclaimHonoursPDB: when a PodDisruptionBudget refuses the eviction of
+// the victims the core picked first, other victims are chosen.
+func TestReclaimHonoursPDB(t *testing.T) {
+	e := newEnv(t)
+	e.addGPUNode("dgx-0", "h100-sxm-8")
+	e.createQueue("team-a", "", "4", "", 100)
+	e.createQueue("team-b", "", "4", "", 100)
+	e.startScheduler(core.Config{DisableConsolidation: true})
+	var a []string
+	for i := 0; i < 8; i++ {
+		n := fmt.Sprintf("a-%d", i)
+		a = append(a, n)
+		e.createPod(podSpec{name: n, queue: "team-a", priority: "tessera-train", claim: &gpuClaim{}})
+		// The newest four, which victim order picks first, are protected.
+		if i >= 4 {
+			patch := []byte(`{"metadata":{"labels":{"protected":"yes"}}}`)
+			if _, err := e.client.CoreV1().Pods(e.ns).Patch(e.ctx, n, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // distinct creation order
+	}
+	e.waitBound(a...)
+	all := intstr.FromInt32(4)
+	if _, err := e.client.PolicyV1().PodDisruptionBudgets(e.ns).Create(e.ctx, &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "protect"},
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MinAvailable: &all,
+			Selector:     &metav1.LabelSelector{MatchLabels: map[string]string{"protected": "yes"}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("PDB status observed", 30*time.Second, func() (bool, string) {
+		p, err := e.client.PolicyV1().PodDisruptionBudgets(e.ns).Get(e.ctx, "protect", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Status.ObservedGeneration == p.Generation && p.Status.CurrentHealthy == 4 && p.Status.DisruptionsAllowed == 0, fmt.Sprintf("%+v", p.Status)
+	})
+	for i := 0; i < 4; i++ {
+		e.createPod(podSpec{name: fmt.Sprintf("b-%d", i), queue: "team-b", priority: "tessera-train", claim: &gpuClaim{}})
+	}
+	e.waitBound("b-0", "b-1", "b-2", "b-3")
+	// The core's first pick (the newest, protected pods) was refused.
+	e.eventually("an EvictionBlocked event", 30*time.Second, func() (bool, string) {
+		ev, err := e.client.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{FieldSelector: "reason=EvictionBlocked"})
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(ev.Items) > 0, fmt.Sprintf("%d events", len(ev.Items))
+	})
+	for i, n := range a {
+		p := e.pod(n)
+		alive := p != nil && p.DeletionTimestamp == nil
+		if i >= 4 && !alive {
+			t.Errorf("protected pod %s was evicted despite its PodDisruptionBudget", n)
+		}
+		if i < 4 && alive {
+			t.Errorf("unprotected pod %s survived; reclaim should have taken it instead", n)
+		}
+	}
+	e.checkNoDoubleAllocation()
 }
