@@ -3,22 +3,29 @@
 package framework
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"path/filepath"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/api/scheduling/crds"
+	"github.com/tessera-gpu/tessera/deploy/rbac"
 	"github.com/tessera-gpu/tessera/driver/deviceclasses"
 )
 
@@ -95,4 +102,47 @@ func ApplyDeviceClasses(ctx context.Context, client kubernetes.Interface) error 
 		}
 	}
 	return nil
+}
+
+// ApplyControllerRBAC creates every object of deploy/rbac/tessera-controller.yaml,
+// exactly as shipped (the namespace must exist).
+func ApplyControllerRBAC(ctx context.Context, client kubernetes.Interface) error {
+	sch := runtime.NewScheme()
+	_ = corev1.AddToScheme(sch)
+	_ = rbacv1.AddToScheme(sch)
+	decoder := serializer.NewCodecFactory(sch).UniversalDeserializer()
+	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(rbac.ControllerYAML)))
+	for {
+		doc, err := reader.Read()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading RBAC manifests: %w", err)
+		}
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		obj, _, err := decoder.Decode(doc, nil, nil)
+		if err != nil {
+			return fmt.Errorf("decoding RBAC manifest: %w", err)
+		}
+		switch o := obj.(type) {
+		case *corev1.ServiceAccount:
+			_, err = client.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRole:
+			_, err = client.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRoleBinding:
+			_, err = client.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.Role:
+			_, err = client.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.RoleBinding:
+			_, err = client.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		default:
+			err = fmt.Errorf("unexpected kind %T in the RBAC manifests", obj)
+		}
+		if err != nil {
+			return fmt.Errorf("applying RBAC manifest: %w", err)
+		}
+	}
 }

@@ -7,16 +7,10 @@
 package controller
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"net/http"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,25 +19,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-gpu/tessera/api/scheduling/crds"
 	"github.com/tessera-gpu/tessera/deploy/rbac"
 	"github.com/tessera-gpu/tessera/driver/deviceclasses"
 	"github.com/tessera-gpu/tessera/test/controlplane"
+	"github.com/tessera-gpu/tessera/test/framework"
 )
 
 const skipShort = "starts a real control plane (etcd, kube-apiserver, KCM, kwok); skipped with -short"
@@ -100,7 +88,7 @@ func setup(ctx context.Context, cp *controlplane.ControlPlane, t *testing.T) err
 	if err != nil {
 		return err
 	}
-	if err := installCRDs(ctx, dyn); err != nil {
+	if err := framework.InstallCRDs(ctx, dyn); err != nil {
 		return err
 	}
 	classes, err := deviceclasses.Load()
@@ -119,96 +107,7 @@ func setup(ctx context.Context, cp *controlplane.ControlPlane, t *testing.T) err
 		}
 	}
 	cp.CreateNamespace(t, rbac.Namespace)
-	return applyRBAC(ctx, client)
-}
-
-var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
-
-func installCRDs(ctx context.Context, dyn dynamic.Interface) error {
-	var names []string
-	err := fs.WalkDir(crds.FS, ".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || filepath.Ext(path) != ".yaml" {
-			return err
-		}
-		data, err := crds.FS.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		u := &unstructured.Unstructured{}
-		if err := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096).Decode(&u.Object); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		if _, err := dyn.Resource(crdGVR).Create(ctx, u, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("creating CRD %s: %w", u.GetName(), err)
-		}
-		names = append(names, u.GetName())
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	for _, name := range names {
-		err := poll(ctx, 30*time.Second, func() (bool, error) {
-			u, err := dyn.Resource(crdGVR).Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return false, nil
-			}
-			conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-			for _, c := range conds {
-				if m, _ := c.(map[string]any); m["type"] == "Established" && m["status"] == "True" {
-					return true, nil
-				}
-			}
-			return false, nil
-		})
-		if err != nil {
-			return fmt.Errorf("CRD %s not established: %w", name, err)
-		}
-	}
-	return nil
-}
-
-// applyRBAC creates every object of deploy/rbac/tessera-controller.yaml,
-// exactly as embedded.
-func applyRBAC(ctx context.Context, client kubernetes.Interface) error {
-	sch := runtime.NewScheme()
-	_ = v1.AddToScheme(sch)
-	_ = rbacv1.AddToScheme(sch)
-	decoder := serializer.NewCodecFactory(sch).UniversalDeserializer()
-	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(rbac.ControllerYAML)))
-	for {
-		doc, err := reader.Read()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("reading RBAC manifests: %w", err)
-		}
-		if len(bytes.TrimSpace(doc)) == 0 {
-			continue
-		}
-		obj, _, err := decoder.Decode(doc, nil, nil)
-		if err != nil {
-			return fmt.Errorf("decoding RBAC manifest: %w", err)
-		}
-		switch o := obj.(type) {
-		case *v1.ServiceAccount:
-			_, err = client.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRole:
-			_, err = client.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRoleBinding:
-			_, err = client.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.Role:
-			_, err = client.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.RoleBinding:
-			_, err = client.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		default:
-			err = fmt.Errorf("unexpected kind %T in the RBAC manifests", obj)
-		}
-		if err != nil {
-			return fmt.Errorf("applying RBAC manifest: %w", err)
-		}
-	}
+	return framework.ApplyControllerRBAC(ctx, client)
 }
 
 // forbiddenCounter counts the API server's 403 answers to one identity.

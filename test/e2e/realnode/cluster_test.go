@@ -8,7 +8,6 @@
 package realnode_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -27,13 +26,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
@@ -220,7 +215,7 @@ func (c *cluster) startController(t *testing.T, bin string) {
 	if _, err := c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: rbac.Namespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("creating namespace %s: %v", rbac.Namespace, err)
 	}
-	if err := applyRBAC(ctx, c.client); err != nil {
+	if err := framework.ApplyControllerRBAC(ctx, c.client); err != nil {
 		t.Fatal(err)
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
@@ -248,49 +243,6 @@ func (c *cluster) startController(t *testing.T, bin string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("tessera-controller leading %s after installing CRDs and RBAC", time.Since(start).Round(10*time.Millisecond))
-}
-
-// applyRBAC creates every object of deploy/rbac/tessera-controller.yaml,
-// exactly as shipped.
-func applyRBAC(ctx context.Context, client kubernetes.Interface) error {
-	sch := runtime.NewScheme()
-	_ = corev1.AddToScheme(sch)
-	_ = rbacv1.AddToScheme(sch)
-	decoder := serializer.NewCodecFactory(sch).UniversalDeserializer()
-	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(rbac.ControllerYAML)))
-	for {
-		doc, err := reader.Read()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("reading RBAC manifests: %w", err)
-		}
-		if len(bytes.TrimSpace(doc)) == 0 {
-			continue
-		}
-		obj, _, err := decoder.Decode(doc, nil, nil)
-		if err != nil {
-			return fmt.Errorf("decoding RBAC manifest: %w", err)
-		}
-		switch o := obj.(type) {
-		case *corev1.ServiceAccount:
-			_, err = client.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRole:
-			_, err = client.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRoleBinding:
-			_, err = client.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.Role:
-			_, err = client.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.RoleBinding:
-			_, err = client.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		default:
-			err = fmt.Errorf("unexpected kind %T in the RBAC manifests", obj)
-		}
-		if err != nil {
-			return fmt.Errorf("applying RBAC manifest: %w", err)
-		}
-	}
 }
 
 // each runs test once per scheduler on this cluster, as subtests named
