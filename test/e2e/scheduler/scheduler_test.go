@@ -74,6 +74,14 @@ func TestPlacement(t *testing.T) {
 		if e.pod("lost").Spec.NodeName != "" {
 			t.Fatal("pod in an unknown queue was bound")
 		}
+		// A parent queue holds no workloads.
+		e.createQueue("org", "", "", "", 100)
+		e.createQueue("org-team", "org", "", "", 100)
+		e.createPod(podSpec{name: "in-parent", queue: "org", claim: &gpuClaim{}})
+		e.eventually("pending reason", 30*time.Second, func() (bool, string) {
+			r := pendingReason(e.pod("in-parent"))
+			return contains(r, "queue org is a parent queue"), r
+		})
 	})
 	e.checkNoDoubleAllocation()
 }
