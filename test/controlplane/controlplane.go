@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-gpu/tessera/test/internal/childproc"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -410,7 +411,7 @@ func (cp *ControlPlane) waitHealthz(ctx context.Context, p *process, port int) e
 		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, //nolint:gosec // self-signed loopback test server
 	}
 	url := "https://127.0.0.1:" + strconv.Itoa(port) + "/healthz"
-	return cp.waitFor(ctx, p.name+" /healthz", []*process{p}, func() (bool, error) {
+	return cp.waitFor(ctx, p.Name+" /healthz", []*process{p}, func() (bool, error) {
 		resp, err := hc.Get(url)
 		if err != nil {
 			return false, nil
@@ -463,7 +464,7 @@ func (cp *ControlPlane) startEnv(name, binary string, env []string, args ...stri
 	if cp.stopped {
 		return nil, fmt.Errorf("starting %s: control plane already stopped", name)
 	}
-	p, err := startProcess(cp.Dir, name, filepath.Join(cp.bin, binary), args, env)
+	p, err := childproc.Start(cp.Dir, name, filepath.Join(cp.bin, binary), args, env)
 	if err != nil {
 		return nil, err
 	}
@@ -484,12 +485,12 @@ func (cp *ControlPlane) waitFor(ctx context.Context, what string, procs []*proce
 	defer tick.Stop()
 	for {
 		for _, p := range procs {
-			if done, werr := p.exited(); done {
-				if p.addrInUse() {
-					return fmt.Errorf("%s: %w", p.name, errPortTaken)
+			if done, werr := p.Exited(); done {
+				if addrInUse(p) {
+					return fmt.Errorf("%s: %w", p.Name, errPortTaken)
 				}
 				return fmt.Errorf("waiting for %s: %s exited (%v): %w; last lines of %s:\n%s",
-					what, p.name, werr, errExited, p.logPath, p.tail(40))
+					what, p.Name, werr, errExited, p.LogPath, p.Tail(40))
 			}
 		}
 		ok, err := cond()
@@ -503,7 +504,7 @@ func (cp *ControlPlane) waitFor(ctx context.Context, what string, procs []*proce
 		case <-ctx.Done():
 			var b strings.Builder
 			for _, p := range procs {
-				fmt.Fprintf(&b, "\nlast lines of %s:\n%s", p.logPath, p.tail(20))
+				fmt.Fprintf(&b, "\nlast lines of %s:\n%s", p.LogPath, p.Tail(20))
 			}
 			return fmt.Errorf("timed out waiting for %s: %w%s", what, ctx.Err(), b.String())
 		case <-tick.C:
@@ -540,18 +541,18 @@ func (cp *ControlPlane) Stop(failed bool) {
 	// apiserver, then etcd, so nothing logs errors about a vanished server.
 	for i := len(procs) - 1; i >= 0; i-- {
 		p := procs[i]
-		if p.name == "kube-apiserver" || p.name == "etcd" {
+		if p.Name == "kube-apiserver" || p.Name == "etcd" {
 			wg.Wait()
-			p.stop(15 * time.Second)
+			p.Stop(15 * time.Second)
 			continue
 		}
-		wg.Go(func() { p.stop(10 * time.Second) })
+		wg.Go(func() { p.Stop(10 * time.Second) })
 	}
 	wg.Wait()
 
 	if failed {
 		for _, p := range procs {
-			cp.logf("---- last lines of %s ----\n%s", p.logPath, p.tail(30))
+			cp.logf("---- last lines of %s ----\n%s", p.LogPath, p.Tail(30))
 		}
 	}
 	keep := os.Getenv(EnvKeep) != ""

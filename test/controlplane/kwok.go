@@ -206,8 +206,8 @@ func (cp *ControlPlane) StartKwok(t testing.TB) {
 	// kwok has no health endpoint unless it serves a kubelet port; a
 	// crash on bad flags or config shows within a second.
 	time.Sleep(time.Second)
-	if done, werr := p.exited(); done {
-		t.Fatalf("kwok exited at start (%v); last lines of %s:\n%s", werr, p.logPath, p.tail(40))
+	if done, werr := p.Exited(); done {
+		t.Fatalf("kwok exited at start (%v); last lines of %s:\n%s", werr, p.LogPath, p.Tail(40))
 	}
 }
 

@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/test/controlplane"
+	"github.com/tessera-gpu/tessera/test/internal/childproc"
 )
 
 // Options tune the node. The zero value is a node named "tessera-real".
@@ -188,8 +188,8 @@ func (n *Node) start(opts Options, kubeconfig string) error {
 
 	// Our bin dir first: containerd finds its shim on PATH.
 	env := []string{"PATH=" + bin + ":" + os.Getenv("PATH")}
-	n.containerd, err = startProc(n.LogDir, "containerd", filepath.Join(bin, "containerd"), env,
-		"--config", filepath.Join(stateDir, "containerd.toml"), "--log-level", "info")
+	n.containerd, err = childproc.Start(n.LogDir, "containerd", filepath.Join(bin, "containerd"),
+		[]string{"--config", filepath.Join(stateDir, "containerd.toml"), "--log-level", "info"}, env)
 	if err != nil {
 		return err
 	}
@@ -217,7 +217,7 @@ func (n *Node) start(opts Options, kubeconfig string) error {
 		}
 		args = append(args, "--node-labels", strings.Join(l, ","))
 	}
-	n.kubelet, err = startProc(n.LogDir, "kubelet", filepath.Join(bin, "kubelet"), env, args...)
+	n.kubelet, err = childproc.Start(n.LogDir, "kubelet", filepath.Join(bin, "kubelet"), args, env)
 	if err != nil {
 		return err
 	}
@@ -239,11 +239,11 @@ func (n *Node) waitContainerd() error {
 		if _, err := n.Ctr("version"); err == nil {
 			return nil
 		}
-		if done, err := n.containerd.exited(); done {
-			return fmt.Errorf("containerd exited (%v); last lines of %s:\n%s", err, n.containerd.logPath, tailFile(n.containerd.logPath, 30))
+		if done, err := n.containerd.Exited(); done {
+			return fmt.Errorf("containerd exited (%v); last lines of %s:\n%s", err, n.containerd.LogPath, childproc.TailFile(n.containerd.LogPath, 30))
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("containerd did not answer in 30s; last lines of %s:\n%s", n.containerd.logPath, tailFile(n.containerd.logPath, 30))
+			return fmt.Errorf("containerd did not answer in 30s; last lines of %s:\n%s", n.containerd.LogPath, childproc.TailFile(n.containerd.LogPath, 30))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -262,13 +262,13 @@ func (n *Node) waitReady(timeout time.Duration) error {
 			}
 		}
 		for _, p := range []*proc{n.kubelet, n.containerd} {
-			if done, err := p.exited(); done {
-				return fmt.Errorf("%s exited (%v) before the node was Ready; last lines of %s:\n%s", p.name, err, p.logPath, tailFile(p.logPath, 40))
+			if done, err := p.Exited(); done {
+				return fmt.Errorf("%s exited (%v) before the node was Ready; last lines of %s:\n%s", p.Name, err, p.LogPath, childproc.TailFile(p.LogPath, 40))
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("node %s not Ready after %s; last lines of %s:\n%s", n.Name, timeout, n.kubelet.logPath, tailFile(n.kubelet.logPath, 40))
+			return fmt.Errorf("node %s not Ready after %s; last lines of %s:\n%s", n.Name, timeout, n.kubelet.LogPath, childproc.TailFile(n.kubelet.LogPath, 40))
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
@@ -286,7 +286,7 @@ func (n *Node) stop(failed bool) {
 			if err := n.deletePods(90 * time.Second); err != nil {
 				errs = append(errs, err)
 			}
-			n.kubelet.stop(20 * time.Second)
+			n.kubelet.Stop(20 * time.Second)
 		}
 		if n.containerd != nil {
 			// Containers outlive containerd by design; stop them first.
@@ -296,7 +296,7 @@ func (n *Node) stop(failed bool) {
 					_, _ = n.Ctr("-n", "k8s.io", "tasks", "delete", "-f", id)
 				}
 			}
-			n.containerd.stop(20 * time.Second)
+			n.containerd.Stop(20 * time.Second)
 		}
 		if err := wipeHost(n.ContainerdSocket); err != nil {
 			errs = append(errs, err)
@@ -322,7 +322,7 @@ func (n *Node) stop(failed bool) {
 		if failed || len(errs) > 0 {
 			for _, p := range []*proc{n.containerd, n.kubelet} {
 				if p != nil {
-					n.logf("---- last lines of %s ----\n%s", p.logPath, tailFile(p.logPath, 40))
+					n.logf("---- last lines of %s ----\n%s", p.LogPath, childproc.TailFile(p.LogPath, 40))
 				}
 			}
 			n.logf("real node stopped; kept its logs in %s", n.LogDir)
@@ -437,80 +437,10 @@ func repoRoot() (string, error) {
 }
 
 // proc is a child process (containerd or kubelet) with its log file.
-type proc struct {
-	name    string
-	cmd     *exec.Cmd
-	logPath string
-	logFile *os.File
-	done    chan struct{}
-	err     error
-}
-
-// startProc starts bin in its own process group; Pdeathsig kills it when
-// the test binary dies without running its cleanups.
-func startProc(logDir, name, bin string, env []string, args ...string) (*proc, error) {
-	logPath := filepath.Join(logDir, name+".log")
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("opening log of %s: %w", name, err)
-	}
-	fmt.Fprintf(f, "# %s %s\n", bin, strings.Join(args, " "))
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("starting %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, logPath: logPath, logFile: f, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	klog.V(2).InfoS("Started real-node process", "name", name, "pid", cmd.Process.Pid)
-	return p, nil
-}
+type proc = childproc.Process
 
 // recordPID writes the pid where the next node's start-up cleanup finds it
 // if this test binary dies without its cleanups.
 func recordPID(p *proc) {
-	_ = os.WriteFile(filepath.Join(stateDir, p.name+".pid"), []byte(strconv.Itoa(p.cmd.Process.Pid)+"\n"), 0o644)
-}
-
-func (p *proc) exited() (bool, error) {
-	select {
-	case <-p.done:
-		return true, p.err
-	default:
-		return false, nil
-	}
-}
-
-// stop sends SIGTERM to the process group, SIGKILL after grace, and waits.
-func (p *proc) stop(grace time.Duration) {
-	defer p.logFile.Close()
-	pgid := p.cmd.Process.Pid
-	if done, _ := p.exited(); !done {
-		_ = syscall.Kill(-pgid, syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(grace):
-			klog.InfoS("Real-node process ignored SIGTERM, killing it", "name", p.name, "pid", pgid)
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
-			<-p.done
-		}
-	}
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-}
-
-func tailFile(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("(cannot read %s: %v)", path, err)
-	}
-	if len(data) > 256<<10 {
-		data = data[len(data)-256<<10:]
-	}
-	return lastLines(data, n)
+	_ = os.WriteFile(filepath.Join(stateDir, p.Name+".pid"), []byte(strconv.Itoa(p.Cmd.Process.Pid)+"\n"), 0o644)
 }
