@@ -54,9 +54,9 @@ func TestDemo(t *testing.T) {
 		}
 	}
 
-	for _, pod := range []string{"team-b/vision-train-0", "team-b/vision-train-1"} {
-		if p := res.Act2[pod]; p.Node == "" || len(p.Devices) != 4 {
-			t.Errorf("act 2: %s: %+v, want bound with 4 GPUs", pod, p)
+	for _, pod := range []string{"team-b/vision-train-0", "team-b/vision-train-1", "team-b/vision-train-2", "team-b/vision-train-3"} {
+		if p := res.Act2[pod]; p.Node == "" || len(p.Devices) != 2 {
+			t.Errorf("act 2: %s: %+v, want bound with 2 GPUs", pod, p)
 		}
 	}
 	if len(res.Evicted) == 0 {
