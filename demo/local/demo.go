@@ -182,7 +182,7 @@ func (d *demo) run(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 	d.logf("waiting for the reclaim: team-b's gang bound")
-	if res.Act2, err = d.settle(ctx, []string{"team-b/vision-train-0", "team-b/vision-train-1", "team-b/vision-train-2", "team-b/vision-train-3"}); err != nil {
+	if res.Act2, err = d.settle(ctx, []string{"team-b/vision-train-0", "team-b/vision-train-1", "team-b/vision-train-2"}); err != nil {
 		return nil, err
 	}
 	for pod := range res.Act1 {
