@@ -67,7 +67,7 @@ examples() {
 
 	log "act 2: team-b arrives; tessera-controller reclaims its quota"
 	"${kctl[@]}" apply -f "$root/demo/examples/10-team-b-arrives.yaml"
-	"${kctl[@]}" -n team-b wait --for=condition=PodScheduled pod/vision-train-0 pod/vision-train-1 --timeout=120s
+	"${kctl[@]}" -n team-b wait --for=condition=PodScheduled pod/vision-train-0 pod/vision-train-1 pod/vision-train-2 --timeout=120s
 	sleep 5
 	placements
 	"${kctl[@]}" get events -A --field-selector reason=Evicted 2>/dev/null || true
