@@ -456,7 +456,11 @@ func TestReclaimHonoursPDB(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		time.Sleep(20 * time.Millisecond) // distinct creation order
+		if i == 3 {
+			// Creation times have 1 s resolution: make the protected four
+			// strictly newer, so victim order (newest first) picks them first.
+			time.Sleep(1100 * time.Millisecond)
+		}
 	}
 	e.waitBound(a...)
 	all := intstr.FromInt32(4)
