@@ -51,6 +51,16 @@ type jobRef struct {
 	pods  []string
 }
 
+// allocatedState is what claims hold at the cycle's start, listed once per
+// cycle whether feasibility checks or the commit need it first. The commit
+// adds its own allocations to it as it goes.
+func (idx *cycleIndex) allocatedState(s *Scheduler) *structured.AllocatedState {
+	if idx.allocated == nil {
+		idx.allocated = s.allocatedState()
+	}
+	return idx.allocated
+}
+
 // podEntry caches a pod's translation; it is reused while the pod and its
 // claims are unchanged, so a cycle does not re-translate a large cluster.
 type podEntry struct {

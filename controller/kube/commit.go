@@ -129,7 +129,7 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 	if len(jobOrder) == 0 {
 		return st
 	}
-	state := s.allocatedState()
+	state := idx.allocatedState(s)
 	type podPlan struct {
 		ref    *podRef
 		node   string

@@ -161,9 +161,6 @@ func toleratesAll(tolerations []v1.Toleration, taints []v1.Taint) bool {
 // otherClaimsFit reports whether claims for other drivers' devices can be
 // allocated on node, given what is allocated at the cycle's start.
 func (s *Scheduler) otherClaimsFit(node *v1.Node, claims []*resourceapi.ResourceClaim, idx *cycleIndex) bool {
-	if idx.allocated == nil {
-		idx.allocated = s.allocatedState()
-	}
 	local, _ := s.sliceIndexer.ByIndex(sliceNodeIndex, node.Name)
 	shared, _ := s.sliceIndexer.ByIndex(sliceNodeIndex, "")
 	var slices []*resourceapi.ResourceSlice
@@ -172,7 +169,7 @@ func (s *Scheduler) otherClaimsFit(node *v1.Node, claims []*resourceapi.Resource
 			slices = append(slices, sl)
 		}
 	}
-	alloc, err := structured.NewAllocator(context.Background(), allocatorFeatures, *idx.allocated, classLister{s}, slices, s.celCache)
+	alloc, err := structured.NewAllocator(context.Background(), allocatorFeatures, *idx.allocatedState(s), classLister{s}, slices, s.celCache)
 	if err != nil {
 		return false
 	}
