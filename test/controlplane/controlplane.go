@@ -354,25 +354,16 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context, port int) er
 	if err != nil {
 		return err
 	}
-	args := []string{
-		"--kubeconfig=" + kubeconfig,
-		"--authentication-kubeconfig=" + kubeconfig,
-		"--authorization-kubeconfig=" + kubeconfig,
-		"--bind-address=127.0.0.1",
-		"--secure-port=" + strconv.Itoa(port),
-		"--cert-dir=" + cp.path("kcm-certs"),
+	args := append(cp.componentArgs(kubeconfig, port),
+		"--cert-dir="+cp.path("kcm-certs"),
 		"--controllers=*",
-		"--root-ca-file=" + cp.CAFile,
-		"--service-account-private-key-file=" + cp.ServiceAccountKeyFile,
+		"--root-ca-file="+cp.CAFile,
+		"--service-account-private-key-file="+cp.ServiceAccountKeyFile,
 		"--use-service-account-credentials=true",
-		"--cluster-signing-cert-file=" + cp.CAFile,
-		"--cluster-signing-key-file=" + cp.CAKeyFile,
-		"--service-cluster-ip-range=" + ServiceCIDR,
-		"--leader-elect=false",
-		"--feature-gates=" + cp.featureGates(),
-		"--profiling=false",
-		"--v=1",
-	}
+		"--cluster-signing-cert-file="+cp.CAFile,
+		"--cluster-signing-key-file="+cp.CAKeyFile,
+		"--service-cluster-ip-range="+ServiceCIDR,
+	)
 	p, err := cp.start("kube-controller-manager", "kube-controller-manager", append(args, cp.opts.ControllerManagerArgs...)...)
 	if err != nil {
 		return err
@@ -380,12 +371,11 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context, port int) er
 	return cp.waitHealthz(ctx, p, port)
 }
 
-func (cp *ControlPlane) startScheduler(ctx context.Context, port int) error {
-	kubeconfig, err := cp.writeKubeconfig("kube-scheduler.kubeconfig", cp.UserConfig("system:kube-scheduler"))
-	if err != nil {
-		return err
-	}
-	args := []string{
+// componentArgs are the flags kube-controller-manager and kube-scheduler
+// share: their identity, a secure port on loopback, no leader election, the
+// harness's feature gates.
+func (cp *ControlPlane) componentArgs(kubeconfig string, port int) []string {
+	return []string{
 		"--kubeconfig=" + kubeconfig,
 		"--authentication-kubeconfig=" + kubeconfig,
 		"--authorization-kubeconfig=" + kubeconfig,
@@ -396,6 +386,14 @@ func (cp *ControlPlane) startScheduler(ctx context.Context, port int) error {
 		"--profiling=false",
 		"--v=1",
 	}
+}
+
+func (cp *ControlPlane) startScheduler(ctx context.Context, port int) error {
+	kubeconfig, err := cp.writeKubeconfig("kube-scheduler.kubeconfig", cp.UserConfig("system:kube-scheduler"))
+	if err != nil {
+		return err
+	}
+	args := cp.componentArgs(kubeconfig, port)
 	p, err := cp.start("kube-scheduler", "kube-scheduler", append(args, cp.opts.SchedulerArgs...)...)
 	if err != nil {
 		return err
