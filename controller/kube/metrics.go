@@ -51,12 +51,10 @@ func quantity(r core.Resource, v int64) float64 {
 	return float64(v) / 1000
 }
 
-func (m *Metrics) observeCycle(res *core.Result, idx *cycleIndex, start, decided, end time.Time, st *commitStats) {
-	m.cycle.Observe(end.Sub(start).Seconds())
-	m.decide.Observe(decided.Sub(start).Seconds())
-	for _, t := range res.Timings {
-		m.action.WithLabelValues(string(t.Action)).Observe(t.Duration.Seconds())
-	}
+// observeCommit records what a cycle decided and committed. It runs before
+// the cycle writes statuses and events, so a reader who sees a pod's status
+// finds metrics at least as new.
+func (m *Metrics) observeCommit(res *core.Result, idx *cycleIndex, st *commitStats) {
 	m.binds.Add(float64(st.bound))
 	for a, n := range st.evictionsByWhat {
 		m.evictions.WithLabelValues(string(a)).Add(float64(n))
@@ -73,5 +71,15 @@ func (m *Metrics) observeCycle(res *core.Result, idx *cycleIndex, start, decided
 			m.queueAllocated.WithLabelValues(name, r.String()).Set(quantity(r, q.Allocated[r]))
 			m.queuePending.WithLabelValues(name, r.String()).Set(quantity(r, q.Pending[r]))
 		}
+	}
+}
+
+// observeDurations records how long the cycle and its actions took, once
+// the cycle, status writes included, is over.
+func (m *Metrics) observeDurations(res *core.Result, start, decided, end time.Time) {
+	m.cycle.Observe(end.Sub(start).Seconds())
+	m.decide.Observe(decided.Sub(start).Seconds())
+	for _, t := range res.Timings {
+		m.action.WithLabelValues(string(t.Action)).Observe(t.Duration.Seconds())
 	}
 }

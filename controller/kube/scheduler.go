@@ -365,9 +365,13 @@ func (s *Scheduler) RunOnce(ctx context.Context) error {
 	}
 	decided := time.Now()
 	stats := s.commit(ctx, res, idx)
+	m := s.opts.Metrics
+	if m != nil {
+		m.observeCommit(res, idx, stats)
+	}
 	s.report(ctx, res, idx, stats)
-	if m := s.opts.Metrics; m != nil {
-		m.observeCycle(res, idx, start, decided, time.Now(), stats)
+	if m != nil {
+		m.observeDurations(res, start, decided, time.Now())
 	}
 	klog.V(2).InfoS("Cycle", "binds", stats.bound, "evictions", stats.evicted, "pending", len(res.Pending)+len(idx.problems),
 		"decide", decided.Sub(start), "total", time.Since(start))

@@ -550,7 +550,7 @@ func (cp *ControlPlane) Stop(failed bool) {
 
 	if failed {
 		for _, p := range procs {
-			cp.logf("---- last lines of %s ----\n%s", p.LogPath, p.Tail(30))
+			cp.logf("---- last lines of %s ----\n%s", p.LogPath, p.Tail(12))
 		}
 	}
 	keep := os.Getenv(EnvKeep) != ""

@@ -109,5 +109,13 @@ func TailFile(path string, n int) string {
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
+	// Long lines (JSON logs, stack traces) would push a test's own failure
+	// out of a CI log's tail.
+	const maxLine = 400
+	for i, l := range lines {
+		if len(l) > maxLine {
+			lines[i] = append(l[:maxLine:maxLine], []byte("…")...)
+		}
+	}
 	return string(bytes.Join(lines, []byte("\n")))
 }
