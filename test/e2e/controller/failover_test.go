@@ -128,13 +128,16 @@ func TestLeaderFailover(t *testing.T) {
 		}
 		return true, ""
 	})
-	oldBinds, newBinds := leader.binds(t), standby.binds(t)
+	// The binds counter is set right after the commit that bound the last
+	// pod, a moment after the binding itself.
+	var oldBinds, newBinds float64
+	eventually(t, "binds counted", 5*time.Second, func() (bool, string) {
+		oldBinds, newBinds = leader.binds(t), standby.binds(t)
+		return oldBinds+newBinds == float64(total), fmt.Sprintf("binds %v + %v, want %d in all", oldBinds, newBinds, total)
+	})
 	t.Logf("binds: old leader %v, new leader %v", oldBinds, newBinds)
 	if newBinds < 1 {
 		t.Errorf("the new leader bound nothing")
-	}
-	if oldBinds+newBinds != total {
-		t.Errorf("binds %v + %v, want %d in all", oldBinds, newBinds, total)
 	}
 	checkAllocations(t, client, ns, resource.MustParse("80Gi"))
 	for _, r := range []*replica{a, b} {
