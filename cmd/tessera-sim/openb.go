@@ -32,8 +32,9 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 	seeds := fs.String("seeds", "", "several seeds, e.g. 42-51 or 1,5,9: prints each and the mean (overrides --seed)")
 	asJSON := fs.Bool("json", false, "print JSON, one object per line")
 	policies := fs.String("policy", "tessera", "placement policy: tessera (default), fgd (plain FGD), bestfit, firstfit; a comma list compares them in one run")
+	ceiling := fs.Bool("ceiling", false, "also print the clairvoyant ceiling (a reference, not a policy: knows every arrival in advance and ignores nodes; see README)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: tessera-sim openb --nodes NODES.csv --pods PODS.csv [--tune 1.3] [--seed 42 | --seeds 42-51] [--json] [--policy tessera|fgd|bestfit|firstfit[,...]]")
+		fmt.Fprintln(stderr, "usage: tessera-sim openb --nodes NODES.csv --pods PODS.csv [--tune 1.3] [--seed 42 | --seeds 42-51] [--json] [--policy tessera|fgd|bestfit|firstfit[,...]] [--ceiling]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -59,13 +60,26 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 	}
-	var pols []packing.Policy
+	// A row source: a policy's replay, or the ceiling.
+	type runner struct {
+		name string
+		run  func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error)
+	}
+	var pols []runner
 	for _, s := range strings.Split(*policies, ",") {
 		p, err := packing.ParsePolicy(s)
 		if err != nil {
 			return fail(err)
 		}
-		pols = append(pols, p)
+		pols = append(pols, runner{p.String(), func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error) {
+			return openb.Replay(nodes, pods, openb.Config{Tune: *tune, Seed: seed, Policy: p})
+		}})
+	}
+	if *ceiling {
+		pols = append(pols, runner{"ceiling", func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error) {
+			c, err := openb.Ceiling(nodes, pods, *tune, seed, 1)
+			return c.Result, err
+		}})
 	}
 	nodes, err := openb.LoadNodes(*nodesPath)
 	if err != nil {
@@ -83,7 +97,7 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 	for _, pol := range pols {
 		var sum float64
 		for _, s := range seedList {
-			res, err := openb.Replay(nodes, pods, openb.Config{Tune: *tune, Seed: s, Policy: pol})
+			res, err := pol.run(nodes, pods, s)
 			if err != nil {
 				return fail(err)
 			}
@@ -93,15 +107,15 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 				enc.Encode(struct {
 					Policy string `json:"policy"`
 					openb.Result
-				}{pol.String(), res})
+				}{pol.name, res})
 			case *asJSON:
 				enc.Encode(res)
 			case multi:
-				fmt.Fprintf(stdout, "%-9s %6d %9.2f %10.2f %8d %8d %8d\n", pol, s, 100*res.GPUAllocationRate,
+				fmt.Fprintf(stdout, "%-9s %6d %9.2f %10.2f %8d %8d %8d\n", pol.name, s, 100*res.GPUAllocationRate,
 					res.GPUAllocated, res.PodsArrived, res.PodsPlaced, res.PodsFailed)
 			default:
 				fmt.Fprintf(stdout, "policy %s, seed %d, tune %g: GPU allocation rate %.2f %% (%.2f of %d GPUs); pods arrived %d, placed %d, failed %d\n",
-					pol, s, *tune, 100*res.GPUAllocationRate, res.GPUAllocated, res.GPUCapacity, res.PodsArrived, res.PodsPlaced, res.PodsFailed)
+					pol.name, s, *tune, 100*res.GPUAllocationRate, res.GPUAllocated, res.GPUCapacity, res.PodsArrived, res.PodsPlaced, res.PodsFailed)
 			}
 		}
 		if len(seedList) > 1 {
@@ -112,9 +126,9 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 					Mean   float64  `json:"meanGpuAllocationRate"`
 					Seeds  []uint64 `json:"seeds"`
 					Tune   float64  `json:"tune"`
-				}{pol.String(), mean, seedList, *tune})
+				}{pol.name, mean, seedList, *tune})
 			} else {
-				fmt.Fprintf(stdout, "%-9s %6s %9.2f\n", pol, "mean", 100*mean)
+				fmt.Fprintf(stdout, "%-9s %6s %9.2f\n", pol.name, "mean", 100*mean)
 			}
 		}
 	}

@@ -45,6 +45,26 @@ func TestOpenBJSON(t *testing.T) {
 	if len(m) != 8 || m["gpuCapacity"].(float64) != 2 || m["seed"].(float64) != 42 {
 		t.Errorf("report %s", out.String())
 	}
+
+	// --ceiling adds a row after the policies', never below them.
+	out.Reset()
+	if rc := openbMain([]string{"--nodes", nodes, "--pods", pods, "--json", "--tune", "1", "--ceiling"}, &out, &errb); rc != 0 {
+		t.Fatalf("--ceiling: rc %d: %s", rc, errb.String())
+	}
+	rates := map[string]float64{}
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var r struct {
+			Policy string  `json:"policy"`
+			Rate   float64 `json:"gpuAllocationRate"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("--ceiling: %v: %s", err, line)
+		}
+		rates[r.Policy] = r.Rate
+	}
+	if len(rates) != 2 || rates["ceiling"] < rates["tessera"] || rates["tessera"] == 0 {
+		t.Errorf("--ceiling: rates %v", rates)
+	}
 	errb.Reset()
 	if rc := openbMain([]string{"--nodes", nodes, "--pods", pods, "--policy", "random"}, &out, &errb); rc != 2 || !strings.Contains(errb.String(), "unknown placement policy") {
 		t.Errorf("bad policy: rc %d, %q", rc, errb.String())

@@ -1,0 +1,163 @@
+package openb
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/tessera-gpu/tessera/controller/packing"
+)
+
+// CeilingResult is Ceiling's answer: the replay's figures for the best
+// prefix, and the partly free GPUs it leaves.
+//
+// Ceiling is a clairvoyant reference for the replay, not a policy: how much
+// a packer could allocate if it knew the whole arrival sequence in advance
+// and the cluster were one pool of GPUs (no nodes, so no CPU, memory or
+// node boundaries, and no GPU model constraints). For a prefix of k
+// arrivals it packs their GPU pods best-fit decreasing, then places the
+// later arrivals best-fit as they come, a pod that fits nowhere being
+// dropped as in the replay; it returns the best k from the point where the
+// prefix asks for 90 % of the cluster up to the last prefix that packs
+// whole. It is a heuristic, not a proven optimum; what it shows is how
+// little room the trace's mix of sizes leaves above a good online policy
+// (cmd/tessera-sim/README.md, "Target not reached").
+type CeilingResult struct {
+	Result
+	// Prefix is the best k.
+	Prefix int
+	// Slivers counts, per free share (milli), the GPUs left partly free.
+	Slivers map[int]int
+}
+
+// pool is the relaxed cluster: how many GPUs have each free share.
+type pool [packing.MilliPerGPU + 1]int
+
+// place puts one pod (n whole GPUs, or a fraction of milli) best-fit.
+func (p *pool) place(n, milli int) bool {
+	if n > 0 {
+		if p[packing.MilliPerGPU] < n {
+			return false
+		}
+		p[packing.MilliPerGPU] -= n
+		p[0] += n
+		return true
+	}
+	for f := milli; f <= packing.MilliPerGPU; f++ {
+		if p[f] > 0 {
+			p[f]--
+			p[f-milli]++
+			return true
+		}
+	}
+	return false
+}
+
+func (p *pool) free() int64 {
+	var s int64
+	for f, n := range p {
+		s += int64(f) * int64(n)
+	}
+	return s
+}
+
+// Ceiling computes the reference for one seed; step > 0 is the stride of
+// the prefixes tried (1 tries every one).
+func Ceiling(nodes []Node, pods []Pod, tune float64, seed uint64, step int) (CeilingResult, error) {
+	if step < 1 {
+		return CeilingResult{}, fmt.Errorf("openb: ceiling step %d must be at least 1", step)
+	}
+	if len(nodes) == 0 || len(pods) == 0 {
+		return CeilingResult{}, fmt.Errorf("openb: need nodes and pods (got %d nodes, %d pods)", len(nodes), len(pods))
+	}
+	sorted := SortByName(pods)
+	var gpus int
+	for _, n := range nodes {
+		gpus += n.GPUs
+	}
+	capMilli := int64(gpus) * packing.MilliPerGPU
+	if capMilli == 0 {
+		return CeilingResult{}, fmt.Errorf("openb: the cluster has no GPUs")
+	}
+	seq := Arrivals(sorted, tune, capMilli, NewRand(seed))
+	type gpuPod struct{ n, milli int }
+	shape := func(p *Pod) gpuPod {
+		if p.NumGPU == 1 && p.GPUMilli < packing.MilliPerGPU {
+			return gpuPod{0, p.GPUMilli}
+		}
+		return gpuPod{p.NumGPU, 0}
+	}
+	size := func(g gpuPod) int {
+		if g.n > 0 {
+			return g.n * packing.MilliPerGPU
+		}
+		return g.milli
+	}
+
+	// The first prefix worth trying: 90 % of the cluster asked for.
+	start := len(seq)
+	var asked int64
+	for k, pi := range seq {
+		if asked >= capMilli*9/10 {
+			start = k
+			break
+		}
+		asked += sorted[pi].GPUMilliTotal()
+	}
+
+	best := CeilingResult{Result: Result{Seed: seed, Tune: tune, PodsArrived: len(seq), GPUCapacity: int64(gpus)}}
+	bestFree := int64(-1)
+	var prefix []gpuPod
+	for k := start; k <= len(seq); k += step {
+		prefix = prefix[:0]
+		for _, pi := range seq[:k] {
+			if sorted[pi].NumGPU > 0 {
+				prefix = append(prefix, shape(&sorted[pi]))
+			}
+		}
+		slices.SortStableFunc(prefix, func(a, b gpuPod) int { return size(b) - size(a) })
+		var p pool
+		p[packing.MilliPerGPU] = gpus
+		fits := true
+		for _, g := range prefix {
+			if !p.place(g.n, g.milli) {
+				fits = false
+				break
+			}
+		}
+		if !fits {
+			// Prefixes only grow from here; best-fit decreasing on a
+			// superset is taken not to pack whole either (a heuristic).
+			break
+		}
+		placed, failed := k, 0
+		for _, pi := range seq[k:] {
+			if sorted[pi].NumGPU == 0 {
+				placed++ // CPU-only: no CPU limits in this relaxation
+				continue
+			}
+			g := shape(&sorted[pi])
+			if p.place(g.n, g.milli) {
+				placed++
+			} else {
+				failed++
+			}
+		}
+		if free := p.free(); bestFree < 0 || free < bestFree {
+			bestFree = free
+			best.Prefix, best.PodsPlaced, best.PodsFailed = k, placed, failed
+			best.Slivers = map[int]int{}
+			for f := 1; f < packing.MilliPerGPU; f++ {
+				if p[f] > 0 {
+					best.Slivers[f] = p[f]
+				}
+			}
+		}
+	}
+	if bestFree < 0 {
+		return best, fmt.Errorf("openb: ceiling: no prefix from %d arrivals on packs whole", start)
+	}
+	best.AllocatedMilli = capMilli - bestFree
+	best.GPUAllocated = float64(best.AllocatedMilli) / packing.MilliPerGPU
+	best.GPUAllocationRate = float64(best.AllocatedMilli) / float64(capMilli)
+	return best, nil
+}

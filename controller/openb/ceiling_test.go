@@ -1,0 +1,74 @@
+package openb
+
+import (
+	"testing"
+
+	"github.com/tessera-gpu/tessera/controller/packing"
+)
+
+func TestPoolPlaceBestFit(t *testing.T) {
+	var p pool
+	p[packing.MilliPerGPU] = 3
+	steps := []struct {
+		n, milli int
+		ok       bool
+		wantFree int64
+	}{
+		{0, 810, true, 2190}, // a fresh GPU: 190 left on it
+		{0, 160, true, 2030}, // the tightest hole that fits: the 190 one
+		{0, 500, true, 1530}, // no partial GPU has 500: a fresh one
+		{2, 0, false, 1530},  // only one GPU is wholly free
+		{0, 500, true, 1030}, // fills the 500 hole, not the fresh GPU
+		{1, 0, true, 30},     // the last whole GPU
+		{0, 40, false, 30},   // nothing has 40 free
+		{0, 30, true, 0},     // the 30 hole
+	}
+	for i, s := range steps {
+		if ok := p.place(s.n, s.milli); ok != s.ok {
+			t.Fatalf("step %d (%d GPUs, %d milli): placed %v, want %v", i, s.n, s.milli, ok, s.ok)
+		}
+		if got := p.free(); got != s.wantFree {
+			t.Fatalf("step %d: free %d, want %d", i, got, s.wantFree)
+		}
+	}
+}
+
+// TestCeilingAboveReplays checks that the ceiling is one on the default
+// trace: no policy, under the real node constraints and without knowing
+// the future, may beat it on the same arrivals. If one did, the argument in
+// cmd/tessera-sim/README.md ("Target not reached") would not hold.
+func TestCeilingAboveReplays(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays the default openb trace: seconds of CPU")
+	}
+	nodes, pods := loadTrace(t)
+	const seed, tune = 42, 1.3
+	c, err := Ceiling(nodes, pods, tune, seed, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.PodsPlaced+c.PodsFailed != c.PodsArrived {
+		t.Errorf("ceiling: placed %d + failed %d != arrived %d", c.PodsPlaced, c.PodsFailed, c.PodsArrived)
+	}
+	var free int64
+	for f, n := range c.Slivers {
+		free += int64(f * n)
+	}
+	if capMilli := c.GPUCapacity * packing.MilliPerGPU; c.AllocatedMilli+free != capMilli {
+		t.Errorf("ceiling: allocated %d + partly free %d != capacity %d (a wholly free GPU is left, so a prefix was too short)", c.AllocatedMilli, free, capMilli)
+	}
+	t.Logf("ceiling %.4f (best prefix %d of %d arrivals); partly free GPUs by free milli: %v", c.GPUAllocationRate, c.Prefix, c.PodsArrived, c.Slivers)
+	for _, pol := range []packing.Policy{packing.Tessera, packing.FGD, packing.BestFit} {
+		r, err := Replay(nodes, pods, Config{Tune: tune, Seed: seed, Policy: pol})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.AllocatedMilli > c.AllocatedMilli {
+			t.Errorf("%s allocates %d milli-GPU, above the ceiling's %d", pol, r.AllocatedMilli, c.AllocatedMilli)
+		}
+		t.Logf("%s %.4f", pol, r.GPUAllocationRate)
+	}
+	if _, err := Ceiling(nodes, pods, tune, seed, 0); err == nil {
+		t.Error("step 0 accepted")
+	}
+}
