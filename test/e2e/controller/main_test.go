@@ -34,52 +34,26 @@ import (
 	"github.com/tessera-gpu/tessera/test/framework"
 )
 
-const skipShort = "starts a real control plane (etcd, kube-apiserver, KCM, kwok); skipped with -short"
-
 // saUser is the identity the RBAC manifests grant to, as the API server sees
 // a token of that ServiceAccount.
 var saUser = []string{"system:serviceaccount:" + rbac.Namespace + ":" + rbac.ServiceAccount,
 	"system:serviceaccounts", "system:serviceaccounts:" + rbac.Namespace, "system:authenticated"}
 
-var (
-	clusterOnce sync.Once
-	shared      *controlplane.ControlPlane
-	sharedErr   error
-)
+// shared is the package's control plane with kwok, the CRDs, the
+// DeviceClasses, namespace tessera-system and the RBAC manifests applied.
+var shared = &controlplane.Shared{Kwok: true, Setup: func(cp *controlplane.ControlPlane, t testing.TB) error {
+	return setup(context.Background(), cp, t)
+}}
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if shared != nil {
-		shared.Stop(code != 0)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(shared.Run(m)) }
 
-// cluster returns the package's control plane, started on first use with
-// kwok, the CRDs, the DeviceClasses, namespace tessera-system and the RBAC
-// manifests applied: one start per package keeps the run short.
+// cluster returns the package's control plane, started on first use.
 func cluster(t *testing.T) *controlplane.ControlPlane {
 	t.Helper()
-	if testing.Short() {
-		t.Skip(skipShort)
-	}
-	clusterOnce.Do(func() {
-		// The control plane outlives this test: log to stderr, not t.
-		logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
-		shared, sharedErr = controlplane.New(controlplane.Options{BinDir: controlplane.BinDir(t)}, logf)
-		if sharedErr != nil {
-			return
-		}
-		shared.StartKwok(t)
-		sharedErr = setup(t.Context(), shared, t)
-	})
-	if sharedErr != nil {
-		t.Fatalf("control plane: %v", sharedErr)
-	}
-	return shared
+	return shared.Get(t)
 }
 
-func setup(ctx context.Context, cp *controlplane.ControlPlane, t *testing.T) error {
+func setup(ctx context.Context, cp *controlplane.ControlPlane, t testing.TB) error {
 	client, err := kubernetes.NewForConfig(cp.AdminConfig)
 	if err != nil {
 		return err

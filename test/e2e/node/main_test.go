@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,54 +28,30 @@ import (
 	"github.com/tessera-gpu/tessera/test/controlplane"
 )
 
-const skipShort = "starts a real control plane (etcd, kube-apiserver, KCM, kube-scheduler, kwok); skipped with -short"
-
-var (
-	clusterOnce sync.Once
-	shared      *controlplane.ControlPlane
-	sharedErr   error
-)
-
-// TestMain stops the control plane shared by the package's tests.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if shared != nil {
-		shared.Stop(code != 0)
-	}
-	os.Exit(code)
-}
-
-// cluster returns the package's control plane (with kube-scheduler and kwok
-// and the DeviceClasses applied), starting it on first use: one start per
-// package keeps the run short on small machines.
-func cluster(t testing.TB) *controlplane.ControlPlane {
-	t.Helper()
-	if testing.Short() {
-		t.Skip(skipShort)
-	}
-	clusterOnce.Do(func() {
-		shared, sharedErr = controlplane.New(controlplane.Options{Scheduler: true}, nil)
-		if sharedErr != nil {
-			return
-		}
-		shared.StartKwok(t)
+// shared is the package's control plane (with kube-scheduler and kwok, and
+// the DeviceClasses applied).
+var shared = &controlplane.Shared{Options: controlplane.Options{Scheduler: true}, Kwok: true,
+	Setup: func(cp *controlplane.ControlPlane, t testing.TB) error {
 		classes, err := deviceclasses.Load()
 		if err != nil {
-			sharedErr = err
-			return
+			return err
 		}
-		client := shared.Client(t)
+		client := cp.Client(t)
 		for _, dc := range classes {
 			if _, err := client.ResourceV1().DeviceClasses().Create(context.Background(), dc, metav1.CreateOptions{}); err != nil {
-				sharedErr = fmt.Errorf("applying DeviceClass %s: %w", dc.Name, err)
-				return
+				return fmt.Errorf("applying DeviceClass %s: %w", dc.Name, err)
 			}
 		}
-	})
-	if sharedErr != nil {
-		t.Fatalf("control plane: %v", sharedErr)
-	}
-	return shared
+		return nil
+	}}
+
+// TestMain stops the control plane shared by the package's tests.
+func TestMain(m *testing.M) { os.Exit(shared.Run(m)) }
+
+// cluster returns the package's control plane, starting it on first use.
+func cluster(t testing.TB) *controlplane.ControlPlane {
+	t.Helper()
+	return shared.Get(t)
 }
 
 // shortTempDir is a temp dir with a short path: unix socket paths are
