@@ -99,15 +99,17 @@ type ControlPlane struct {
 	// tokens; ServiceAccountIssuer the issuer they carry.
 	ServiceAccountKeyFile, ServiceAccountIssuer string
 
-	opts    Options
-	bin     string
-	ca      *authority
-	logf    func(format string, args ...any)
-	mu      sync.Mutex
-	procs   []*process // in start order
-	kwok    *process
-	nfiles  int
-	stopped bool
+	opts   Options
+	bin    string
+	ca     *authority
+	logf   func(format string, args ...any)
+	mu     sync.Mutex
+	procs  []*process // in start order
+	kwok   *process
+	nfiles int
+	// extraSchedulers numbers the kube-schedulers StartKubeScheduler runs.
+	extraSchedulers int
+	stopped         bool
 }
 
 // Start runs a control plane for t and stops it at t's cleanup. It skips the
@@ -399,6 +401,42 @@ func (cp *ControlPlane) startScheduler(ctx context.Context, port int) error {
 		return err
 	}
 	return cp.waitHealthz(ctx, p, port)
+}
+
+// StartKubeScheduler starts a kube-scheduler on the running control plane,
+// for a test that needs one later than New starts it (Options.Scheduler):
+// the harness's flags with args appended (later flags win). It returns once
+// /healthz answers; stop ends it (Stop ends it too, if still running).
+func (cp *ControlPlane) StartKubeScheduler(ctx context.Context, args ...string) (stop func(), err error) {
+	var ports portAllocator
+	port, err := ports.get()
+	ports.release()
+	if err != nil {
+		return nil, err
+	}
+	cp.mu.Lock()
+	cp.extraSchedulers++
+	name := fmt.Sprintf("kube-scheduler-%d", cp.extraSchedulers)
+	cp.mu.Unlock()
+	kubeconfig, err := cp.writeKubeconfig(name+".kubeconfig", cp.UserConfig("system:kube-scheduler"))
+	if err != nil {
+		return nil, err
+	}
+	p, err := cp.start(name, "kube-scheduler", append(cp.componentArgs(kubeconfig, port), args...)...)
+	if err != nil {
+		return nil, err
+	}
+	stop = func() {
+		cp.mu.Lock()
+		cp.procs = slices.DeleteFunc(cp.procs, func(q *process) bool { return q == p })
+		cp.mu.Unlock()
+		p.Stop(10 * time.Second)
+	}
+	if err := cp.waitHealthz(ctx, p, port); err != nil {
+		stop()
+		return nil, err
+	}
+	return stop, nil
 }
 
 // waitHealthz polls a component's /healthz, which is served without

@@ -290,6 +290,19 @@ func TestNewAndStop(t *testing.T) {
 
 	pids := recordedPIDs(t, cp.Dir)
 	require.Len(t, pids, 2, "etcd and kube-apiserver")
+
+	// A kube-scheduler started late: its stop ends it, and Stop ends one
+	// left running.
+	stopSched, err := cp.StartKubeScheduler(t.Context(), "--v=2")
+	require.NoError(t, err)
+	first := recordedPIDs(t, cp.Dir)["kube-scheduler-1"]
+	require.NotZero(t, first, "kube-scheduler-1 pid")
+	stopSched()
+	require.ErrorIs(t, syscall.Kill(first, 0), syscall.ESRCH, "kube-scheduler-1 still running after its stop")
+	_, err = cp.StartKubeScheduler(t.Context())
+	require.NoError(t, err)
+	pids = recordedPIDs(t, cp.Dir)
+	require.Contains(t, pids, "kube-scheduler-2")
 	dir := cp.Dir
 	cp.Stop(false)
 	stopped = true

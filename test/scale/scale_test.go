@@ -8,12 +8,9 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -252,28 +249,15 @@ func fill(t *testing.T, ctx context.Context, client kubernetes.Interface, ns, pr
 	}
 }
 
-// startKubeScheduler runs the harness's kube-scheduler binary with its
-// client's rate limit raised, so it is not throttled.
+// startKubeScheduler runs the harness's kube-scheduler with its client's
+// rate limit raised, so it is not throttled. The time it takes to start
+// counts, as tessera-scheduler's informer sync does.
 func startKubeScheduler(t *testing.T, cp *controlplane.ControlPlane) func() {
-	kubeconfig := cp.WriteKubeconfig(t, cp.UserConfig("system:kube-scheduler"))
-	cmd := exec.Command(filepath.Join(controlplane.BinDir(t), "kube-scheduler"),
-		"--kubeconfig="+kubeconfig, "--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig,
-		"--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false", "--profiling=false", "--v=1",
-		"--kube-api-qps=10000", "--kube-api-burst=20000")
-	logf, err := os.Create(filepath.Join(t.TempDir(), "kube-scheduler.log"))
+	stop, err := cp.StartKubeScheduler(context.Background(), "--kube-api-qps=10000", "--kube-api-burst=20000")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	return func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		logf.Close()
-	}
+	return stop
 }
 
 // clear deletes every pod and claim of ns (32 writers; a DeleteCollection
