@@ -31,7 +31,7 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 	seed := fs.Uint64("seed", 42, "random seed for the shuffle and the copies")
 	seeds := fs.String("seeds", "", "several seeds, e.g. 42-51 or 1,5,9: prints each and the mean (overrides --seed)")
 	asJSON := fs.Bool("json", false, "print JSON, one object per line")
-	policies := fs.String("policy", "tessera", "placement policy: tessera (default), fgd (plain FGD), bestfit, firstfit; a comma list compares them in one run")
+	policies := fs.String("policy", "tessera", "placement policy: tessera (default), fgd (FGD as published), bestfit, firstfit; a comma list compares them in one run")
 	ceiling := fs.Bool("ceiling", false, "also print the clairvoyant ceiling (a reference, not a policy: knows every arrival in advance and ignores nodes; see README)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tessera-sim openb --nodes NODES.csv --pods PODS.csv [--tune 1.3] [--seed 42 | --seeds 42-51] [--json] [--policy tessera|fgd|bestfit|firstfit[,...]] [--ceiling]")

@@ -254,6 +254,9 @@ func TestRealTraceDefaultBeatsBestFitAndFGD(t *testing.T) {
 	if bf.GPUAllocationRate < 0.925 || bf.GPUAllocationRate > 0.94 {
 		t.Errorf("bestfit %.4f strays from the paper's 93.08 %%", bf.GPUAllocationRate)
 	}
+	if plain.GPUAllocationRate < 0.949 || plain.GPUAllocationRate > 0.959 {
+		t.Errorf("fgd %.4f strays from the paper's 95.39 %%", plain.GPUAllocationRate)
+	}
 	if fgd.GPUAllocationRate <= bf.GPUAllocationRate {
 		t.Errorf("default %.4f does not beat bestfit %.4f", fgd.GPUAllocationRate, bf.GPUAllocationRate)
 	}

@@ -5,11 +5,12 @@
 // Policies:
 //   - Tessera (Default): FGD with Tessera's refinements, a CPU/memory
 //     stranding term and fill values for fractions (see tessera.go).
-//   - FGD: plain fragmentation-gradient placement, as in the FGD paper. The
-//     fragmentation of a node is the free GPU capacity that the expected
+//   - FGD: fragmentation-gradient placement as the FGD paper publishes it.
+//     The fragmentation of a node is the free GPU capacity that the expected
 //     workload (a Workload: the mix of pod types the scheduler knows about)
-//     could not use; the pod goes where that fragmentation grows least. See
-//     fgd.go for the exact definition.
+//     could not use; the pod goes where that fragmentation grows least,
+//     scored as the paper's plugin scores it (an integer 0–100, ties to the
+//     lowest node index). See fgd.go for the exact definition.
 //   - BestFit: the feasible node left tightest in CPU and GPU (see bestfit.go).
 //   - FirstFit: the first feasible node in the order given.
 //

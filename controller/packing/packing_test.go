@@ -131,3 +131,22 @@ func TestFillValues(t *testing.T) {
 		t.Fatal("fill values not recomputed after the workload changed")
 	}
 }
+
+// TestPaperScore pins FGD's node score to the paper's plugin: an integer
+// 0..100 from 100·sigmoid(Δ/1000), so nearby fragmentation changes tie.
+func TestPaperScore(t *testing.T) {
+	for _, c := range []struct{ delta, want float64 }{
+		{0, 50},
+		{-1, 49},  // any growth of fragmentation drops below 50
+		{-39, 49}, // ... and about 40 milli-GPU share one score
+		{-41, 48},
+		{250, 56},
+		{-4600, 0}, // beyond about 4.6 GPUs every node scores 0
+		{-20000, 0},
+		{20000, 99},
+	} {
+		if got := paperScore(c.delta); got != c.want {
+			t.Errorf("paperScore(%v) = %v, want %v", c.delta, got, c.want)
+		}
+	}
+}
