@@ -100,11 +100,16 @@ type fileExpectPod struct {
 	// pin a pod's state and the words of its why-pending reason (a substring).
 	State  string  `json:"state"`
 	Reason *string `json:"reason"`
+	// GPUMemory is the GPU memory the pod holds, as the report prints it.
+	GPUMemory *Quantity `json:"gpuMemory"`
 }
 
 type fileExpectQueue struct {
 	GPUFairShare *Quantity `json:"gpuFairShare"`
 	GPUAllocated *Quantity `json:"gpuAllocated"`
+	// GPUQuota is the queue's GPU quota as the report prints it (-1:
+	// unlimited), so a file can check the default a queue got.
+	GPUQuota *Quantity `json:"gpuQuota"`
 }
 
 // Quantity keeps a number or a string exactly as written, so that parsing,

@@ -232,6 +232,12 @@ func checkShape(v any, t reflect.Type, path string) (string, string) {
 		return "", ""
 	case reflect.String:
 		if _, ok := v.(string); !ok {
+			if _, isBool := v.(bool); isBool {
+				// YAML 1.1, which the loader reads, turns unquoted y, n, yes,
+				// no, on and off into booleans: say so, or "got false" for a
+				// node named n is a riddle.
+				return path, fmt.Sprintf("want a string, got %s (YAML reads unquoted y, n, yes, no, on, off, true and false as booleans: quote it)", kindOf(v))
+			}
 			return path, fmt.Sprintf("want a string, got %s", kindOf(v))
 		}
 	case reflect.Bool:

@@ -63,8 +63,9 @@ jobs:
 	if n.Name != "dgx-1" || n.GPUMemory != 80<<30 || n.NVLink != "all" || n.CPUMilli != 64000 || n.Memory != 512<<30 {
 		t.Errorf("node defaults: %+v", n)
 	}
+	// The implicit default queue is the only queue: no quota to keep (-1).
 	q := s.Queues[0]
-	if len(s.Queues) != 1 || q.Name != "default" || q.Priority != 100 || q.GPU != (Resource{0, -1, 1}) || q.CPU != (Resource{-1, -1, 1}) || q.Memory != (Resource{-1, -1, 1}) {
+	if len(s.Queues) != 1 || q.Name != "default" || q.Priority != 100 || q.GPU != (Resource{-1, -1, 1}) || q.CPU != (Resource{-1, -1, 1}) || q.Memory != (Resource{-1, -1, 1}) {
 		t.Errorf("queue defaults: %+v", s.Queues)
 	}
 	j := s.Jobs[0]

@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/tessera-gpu/tessera/controller/core"
 )
 
 type fieldError struct{ field, why string }
@@ -204,7 +206,7 @@ func normalizeResource(fr *fileResource, p string, isGPU, isCPU bool) (Resource,
 
 func normalizeQueues(in []fileQueue) ([]Queue, error) {
 	if len(in) == 0 {
-		return []Queue{{Name: "default", Priority: defaultPriority, GPU: Resource{0, -1, 1}, CPU: Resource{-1, -1, 1}, Memory: Resource{-1, -1, 1}, Leaf: true}}, nil
+		return []Queue{{Name: "default", Priority: defaultPriority, GPU: Resource{-1, -1, 1}, CPU: Resource{-1, -1, 1}, Memory: Resource{-1, -1, 1}, Leaf: true}}, nil
 	}
 	var out []Queue
 	index := map[string]int{}
@@ -620,7 +622,15 @@ func normalizeExpect(fe *fileExpect, s *Spec) (Expect, error) {
 			sort.Ints(g)
 			x.GPUs = &g
 		}
-		e.Pods[name] = ExpectPod{Node: x.Node, GPUs: x.GPUs, State: x.State, Reason: x.Reason}
+		ep := ExpectPod{Node: x.Node, GPUs: x.GPUs, State: x.State, Reason: x.Reason}
+		if x.GPUMemory != nil {
+			v, err := parseBytes(x.GPUMemory.raw)
+			if err != nil {
+				return e, ferr("expect.pods."+name+".gpuMemory", "%v", err)
+			}
+			ep.GPUMemory = &v
+		}
+		e.Pods[name] = ep
 	}
 	if len(fe.Queues) > 0 {
 		e.Queues = map[string]ExpectQueue{}
@@ -644,6 +654,18 @@ func normalizeExpect(fe *fileExpect, s *Spec) (Expect, error) {
 				return e, ferr("expect.queues."+name+"."+f.name, "%v", err)
 			}
 			*f.dst = &v
+		}
+		if x.GPUQuota != nil {
+			v, err := parseMilli(x.GPUQuota.raw, false)
+			switch {
+			case err != nil:
+				return e, ferr("expect.queues."+name+".gpuQuota", "%v", err)
+			case v == -1000:
+				v = core.Unlimited
+			case v < 0:
+				return e, ferr("expect.queues."+name+".gpuQuota", "%s is negative (only -1, meaning unlimited, is a quota)", x.GPUQuota.raw)
+			}
+			eq.GPUQuota = &v
 		}
 		e.Queues[name] = eq
 	}

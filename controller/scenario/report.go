@@ -40,6 +40,8 @@ type PodReport struct {
 	GPUs      []int  `json:"gpus,omitempty"`
 	GPUMemory string `json:"gpuMemory,omitempty"`
 	Reason    string `json:"reason,omitempty"`
+
+	gpuMemoryBytes int64 // what GPUMemory prints, for expect.pods
 }
 
 // QueueReport is a queue's GPU accounting in GPU units.
@@ -92,6 +94,7 @@ func (r *runner) report() *Report {
 			}
 			if mem > 0 {
 				pr.GPUMemory = formatBytes(mem)
+				pr.gpuMemoryBytes = mem
 			}
 		} else {
 			pr.Reason = p.reason
@@ -152,6 +155,9 @@ func check(s *Spec, rep *Report) []string {
 		if x.GPUs != nil && !slices.Equal(*x.GPUs, got.GPUs) {
 			f = append(f, fmt.Sprintf("pod %s: gpus %s, expected %s", name, intsString(got.GPUs), intsString(*x.GPUs)))
 		}
+		if x.GPUMemory != nil && *x.GPUMemory != got.gpuMemoryBytes {
+			f = append(f, fmt.Sprintf("pod %s: gpuMemory %s, expected %s", name, orNone(got.GPUMemory), orNone(formatBytes(*x.GPUMemory))))
+		}
 		if x.Reason != nil && !strings.Contains(got.Reason, *x.Reason) {
 			f = append(f, fmt.Sprintf("pod %s: reason %q, expected it to contain %q", name, got.Reason, *x.Reason))
 		}
@@ -160,6 +166,9 @@ func check(s *Spec, rep *Report) []string {
 		x, got := s.Expect.Queues[name], rep.Queues[name]
 		if x.GPUFairShare != nil && string(milliNumber(*x.GPUFairShare)) != string(got.GPUFairShare) {
 			f = append(f, fmt.Sprintf("queue %s: gpuFairShare %s, expected %s", name, got.GPUFairShare, milliNumber(*x.GPUFairShare)))
+		}
+		if x.GPUQuota != nil && string(milliNumber(*x.GPUQuota)) != string(got.GPUQuota) {
+			f = append(f, fmt.Sprintf("queue %s: gpuQuota %s, expected %s", name, got.GPUQuota, milliNumber(*x.GPUQuota)))
 		}
 		if x.GPUAllocated != nil && string(milliNumber(*x.GPUAllocated)) != string(got.GPUAllocated) {
 			f = append(f, fmt.Sprintf("queue %s: gpuAllocated %s, expected %s", name, got.GPUAllocated, milliNumber(*x.GPUAllocated)))

@@ -117,13 +117,15 @@ type ExpectJob struct {
 
 // ExpectPod pins where a pod is.
 type ExpectPod struct {
-	Node   *string
-	GPUs   *[]int
-	State  string
-	Reason *string
+	Node      *string
+	GPUs      *[]int
+	State     string
+	Reason    *string
+	GPUMemory *int64 // bytes
 }
 
 // ExpectQueue checks a queue's GPU fair share and allocation (milli-GPU).
 type ExpectQueue struct {
 	GPUFairShare, GPUAllocated *int64
+	GPUQuota                   *int64 // core.Unlimited for -1
 }
