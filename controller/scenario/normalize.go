@@ -26,6 +26,14 @@ const (
 	defaultPriority  = 100
 	maxCycles        = 10000
 	maxCount         = 100000
+	// Totals, so that counts that are each in range cannot multiply into a
+	// run that exhausts memory or takes hours.
+	maxNodes     = 20000
+	maxGPUsTotal = 200000
+	maxPods      = 200000
+	maxPodCycles = 20000000 // pods × cycles
+	// maxCreatedAt keeps job ages within time.Duration (about 292 years).
+	maxCreatedAt = 1 << 32
 )
 
 func listElem(list string, name string, i int) string {
@@ -67,6 +75,13 @@ func normalize(fs *fileScenario) (*Spec, error) {
 	if s.Jobs, err = normalizeJobs(fs.Jobs, s.Queues, s.Nodes); err != nil {
 		return nil, err
 	}
+	pods := 0
+	for _, j := range s.Jobs {
+		pods += len(j.Pods)
+	}
+	if pods*s.Cycles > maxPodCycles {
+		return nil, ferr("cycles", "%d cycles of %d pods is too long a run (at most %d pod-cycles); use fewer cycles or pods", s.Cycles, pods, maxPodCycles)
+	}
 	if err := assignRunning(s); err != nil {
 		return nil, err
 	}
@@ -82,6 +97,7 @@ func normalizeNodes(in []fileNode) ([]Node, error) {
 	}
 	var out []Node
 	where := map[string]string{}
+	gpus := 0
 	for i, fn := range in {
 		p := listElem("nodes", fn.Name, i)
 		if fn.Name == "" {
@@ -133,6 +149,12 @@ func normalizeNodes(in []fileNode) ([]Node, error) {
 				return nil, ferr(p+".count", "%d is out of range (1 to %d)", *fn.Count, maxCount)
 			}
 			count = *fn.Count
+		}
+		if len(out)+count > maxNodes {
+			return nil, ferr(p+".count", "brings the nodes to %d; a scenario may have at most %d", len(out)+count, maxNodes)
+		}
+		if gpus += count * n.GPUs; gpus > maxGPUsTotal {
+			return nil, ferr(p+".count", "brings the GPUs to %d; a scenario may have at most %d", gpus, maxGPUsTotal)
 		}
 		for k := 0; k < count; k++ {
 			nn := n
@@ -273,6 +295,7 @@ func normalizeJobs(in []fileJob, queues []Queue, nodes []Node) ([]Job, error) {
 		}
 	}
 	var out []Job
+	totalPods := 0
 	jobNames := map[string]bool{}
 	podNames := map[string]string{}
 	for i, fj := range in {
@@ -311,6 +334,9 @@ func normalizeJobs(in []fileJob, queues []Queue, nodes []Node) ([]Job, error) {
 				return nil, ferr(p+".createdAt", "%q is not a whole number of seconds ≥ 0", fj.CreatedAt.raw)
 			}
 			j.CreatedAt = v.Num().Int64()
+			if j.CreatedAt > maxCreatedAt {
+				return nil, ferr(p+".createdAt", "%s seconds is out of range (0 to %d)", fj.CreatedAt.raw, int64(maxCreatedAt))
+			}
 		}
 		if len(fj.Pods) == 0 {
 			return nil, ferr(p+".pods", "a job needs at least one pod")
@@ -320,6 +346,9 @@ func normalizeJobs(in []fileJob, queues []Queue, nodes []Node) ([]Job, error) {
 			pod, count, err := normalizePod(&fp, pp, maxGPUs, maxMem)
 			if err != nil {
 				return nil, err
+			}
+			if totalPods += count; totalPods > maxPods {
+				return nil, ferr(pp+".count", "brings the pods to %d; a scenario may have at most %d", totalPods, maxPods)
 			}
 			for c := 0; c < count; c++ {
 				pc := pod
@@ -548,6 +577,14 @@ func assignRunning(s *Spec) error {
 					}
 					u[g].by = pod.Name
 				}
+				if pod.NVLinkReq && len(pod.Running.GPUs) > 1 {
+					d := n.NVLinkDomain(pod.Running.GPUs[0])
+					for _, g := range pod.Running.GPUs[1:] {
+						if d == "" || n.NVLinkDomain(g) != d {
+							return ferr(field+".gpus", "GPUs %v of node %s are not all in one NVLink domain (nvlink: %s), and the pod requires NVLink", pod.Running.GPUs, n.Name, n.NVLink)
+						}
+					}
+				}
 				cpu[n.Name] += pod.CPUMilli
 				mem[n.Name] += pod.Memory
 				if cpu[n.Name] > n.CPUMilli {
@@ -598,6 +635,9 @@ func normalizeExpect(fe *fileExpect, s *Spec) (Expect, error) {
 			if f.v != nil && *f.v < 0 {
 				return e, ferr("expect.jobs."+name+"."+f.name, "must not be negative")
 			}
+			if f.v != nil && f.name != "evicted" && *f.v > len(jobs[name].Pods) {
+				return e, ferr("expect.jobs."+name+"."+f.name, "%d, but the job has %d pod(s)", *f.v, len(jobs[name].Pods))
+			}
 		}
 		e.Jobs[name] = ExpectJob{Running: x.Running, Pending: x.Pending, Evicted: x.Evicted}
 	}
@@ -618,6 +658,17 @@ func normalizeExpect(fe *fileExpect, s *Spec) (Expect, error) {
 			return e, ferr("expect.pods."+name+".node", "node %s is not defined", *x.Node)
 		}
 		if x.GPUs != nil {
+			most := 0 // the most GPUs the pod could be on
+			for _, n := range s.Nodes {
+				if x.Node == nil || *x.Node == "" || *x.Node == n.Name {
+					most = max(most, n.GPUs)
+				}
+			}
+			for _, g := range *x.GPUs {
+				if g < 0 || g >= most {
+					return e, ferr("expect.pods."+name+".gpus", "GPU %d does not exist on any node the pod could be on (they have at most %d)", g, most)
+				}
+			}
 			g := append([]int(nil), (*x.GPUs)...)
 			sort.Ints(g)
 			x.GPUs = &g
