@@ -81,13 +81,21 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 			return c.Result, err
 		}})
 	}
+	if err := openb.CheckTune(*tune); err != nil {
+		return fail(fmt.Errorf("--tune: %w", err))
+	}
 	nodes, err := openb.LoadNodes(*nodesPath)
 	if err != nil {
-		return fail(err)
+		return fail(fmt.Errorf("--nodes: %w", err))
 	}
 	pods, err := openb.LoadPods(*podsPath)
 	if err != nil {
-		return fail(err)
+		return fail(fmt.Errorf("--pods: %w", err))
+	}
+	// A model name that no node has is most likely a typo in the trace;
+	// such pods still arrive (and fail), as the protocol says, but say so.
+	if missing, n := openb.UnknownModels(nodes, pods); n > 0 {
+		fmt.Fprintf(stderr, "tessera-sim openb: warning: %d pods may use only GPU models that no node has (%s); they will fail\n", n, strings.Join(missing, ", "))
 	}
 	enc := json.NewEncoder(stdout)
 	multi := len(seedList) > 1 || len(pols) > 1
@@ -135,6 +143,9 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// maxSeeds bounds one range of --seeds (each seed is a full replay).
+const maxSeeds = 10000
+
 // parseSeeds reads "42-51" (inclusive) or "1,5,9" or a mix ("1,42-44").
 func parseSeeds(s string) ([]uint64, error) {
 	var out []uint64
@@ -146,8 +157,11 @@ func parseSeeds(s string) ([]uint64, error) {
 		}
 		b := a
 		if isRange {
-			if b, err = strconv.ParseUint(hi, 10, 64); err != nil || b < a || b-a > 10000 {
+			if b, err = strconv.ParseUint(hi, 10, 64); err != nil || b < a {
 				return nil, fmt.Errorf("--seeds %q: %q is not a range like 42-51", s, part)
+			}
+			if b-a >= maxSeeds {
+				return nil, fmt.Errorf("--seeds %q: %q has %d seeds; at most %d in a range", s, part, b-a+1, maxSeeds)
 			}
 		}
 		for v := a; ; v++ {

@@ -15,7 +15,7 @@ func TestParseSeeds(t *testing.T) {
 	if err != nil || !slices.Equal(got, []uint64{1, 42, 43, 44}) {
 		t.Fatalf("got %v, %v", got, err)
 	}
-	for _, bad := range []string{"x", "5-3", "1-", ""} {
+	for _, bad := range []string{"x", "5-3", "1-", "", "0-10000"} {
 		if _, err := parseSeeds(bad); err == nil {
 			t.Errorf("parseSeeds(%q): no error", bad)
 		}
@@ -69,6 +69,15 @@ func TestOpenBJSON(t *testing.T) {
 	if rc := openbMain([]string{"--nodes", nodes, "--pods", pods, "--policy", "random"}, &out, &errb); rc != 2 || !strings.Contains(errb.String(), "unknown placement policy") {
 		t.Errorf("bad policy: rc %d, %q", rc, errb.String())
 	}
+	errb.Reset()
+	if rc := openbMain([]string{"--nodes", nodes, "--pods", pods, "--tune", "1e9"}, &out, &errb); rc != 2 || !strings.Contains(errb.String(), "--tune: tune 1e+09 must be a number above 0 and at most 100") {
+		t.Errorf("huge tune: rc %d, %q", rc, errb.String())
+	}
+	errb.Reset()
+	if rc := openbMain([]string{"--nodes", filepath.Join(dir, "missing.csv"), "--pods", pods}, &out, &errb); rc != 2 || !strings.HasPrefix(errb.String(), "tessera-sim openb: --nodes: open ") {
+		t.Errorf("missing nodes file: rc %d, %q", rc, errb.String())
+	}
+	errb.Reset()
 	if rc := openbMain([]string{"--nodes", nodes, "--pods", nodes}, &out, &errb); rc != 2 || !strings.Contains(errb.String(), "nodes.csv:1:") {
 		t.Errorf("bad pods file: rc %d, %q", rc, errb.String())
 	}

@@ -17,9 +17,10 @@ import (
 // arrivals it packs their GPU pods best-fit decreasing, then places the
 // later arrivals best-fit as they come, a pod that fits nowhere being
 // dropped as in the replay; it returns the best k from the point where the
-// prefix asks for 90 % of the cluster up to the last prefix that packs
-// whole. It is a heuristic, not a proven optimum; what it shows is how
-// little room the trace's mix of sizes leaves above a good online policy
+// prefix asks for 90 % of the cluster (or from the empty prefix, when that
+// one does not pack whole) up to the last prefix that packs whole. It is a
+// heuristic, not a proven optimum; what it shows is how little room the
+// trace's mix of sizes leaves above a good online policy
 // (cmd/tessera-sim/README.md, "Target not reached").
 type CeilingResult struct {
 	Result
@@ -69,6 +70,9 @@ func Ceiling(nodes []Node, pods []Pod, tune float64, seed uint64, step int) (Cei
 	if len(nodes) == 0 || len(pods) == 0 {
 		return CeilingResult{}, fmt.Errorf("openb: need nodes and pods (got %d nodes, %d pods)", len(nodes), len(pods))
 	}
+	if err := CheckTune(tune); err != nil {
+		return CeilingResult{}, err
+	}
 	sorted := SortByName(pods)
 	var gpus int
 	for _, n := range nodes {
@@ -107,54 +111,59 @@ func Ceiling(nodes []Node, pods []Pod, tune float64, seed uint64, step int) (Cei
 	best := CeilingResult{Result: Result{Seed: seed, Tune: tune, PodsArrived: len(seq), GPUCapacity: int64(gpus)}}
 	bestFree := int64(-1)
 	var prefix []gpuPod
-	for k := start; k <= len(seq); k += step {
-		prefix = prefix[:0]
-		for _, pi := range seq[:k] {
-			if sorted[pi].NumGPU > 0 {
-				prefix = append(prefix, shape(&sorted[pi]))
+	try := func(from int) {
+		for k := from; k <= len(seq); k += step {
+			prefix = prefix[:0]
+			for _, pi := range seq[:k] {
+				if sorted[pi].NumGPU > 0 {
+					prefix = append(prefix, shape(&sorted[pi]))
+				}
 			}
-		}
-		slices.SortStableFunc(prefix, func(a, b gpuPod) int { return size(b) - size(a) })
-		var p pool
-		p[packing.MilliPerGPU] = gpus
-		fits := true
-		for _, g := range prefix {
-			if !p.place(g.n, g.milli) {
-				fits = false
-				break
+			slices.SortStableFunc(prefix, func(a, b gpuPod) int { return size(b) - size(a) })
+			var p pool
+			p[packing.MilliPerGPU] = gpus
+			fits := true
+			for _, g := range prefix {
+				if !p.place(g.n, g.milli) {
+					fits = false
+					break
+				}
 			}
-		}
-		if !fits {
-			// Prefixes only grow from here; best-fit decreasing on a
-			// superset is taken not to pack whole either (a heuristic).
-			break
-		}
-		placed, failed := k, 0
-		for _, pi := range seq[k:] {
-			if sorted[pi].NumGPU == 0 {
-				placed++ // CPU-only: no CPU limits in this relaxation
-				continue
+			if !fits {
+				// Prefixes only grow from here; best-fit decreasing on a
+				// superset is taken not to pack whole either (a heuristic).
+				return
 			}
-			g := shape(&sorted[pi])
-			if p.place(g.n, g.milli) {
-				placed++
-			} else {
-				failed++
+			placed, failed := k, 0
+			for _, pi := range seq[k:] {
+				if sorted[pi].NumGPU == 0 {
+					placed++ // CPU-only: no CPU limits in this relaxation
+					continue
+				}
+				g := shape(&sorted[pi])
+				if p.place(g.n, g.milli) {
+					placed++
+				} else {
+					failed++
+				}
 			}
-		}
-		if free := p.free(); bestFree < 0 || free < bestFree {
-			bestFree = free
-			best.Prefix, best.PodsPlaced, best.PodsFailed = k, placed, failed
-			best.Slivers = map[int]int{}
-			for f := 1; f < packing.MilliPerGPU; f++ {
-				if p[f] > 0 {
-					best.Slivers[f] = p[f]
+			if free := p.free(); bestFree < 0 || free < bestFree {
+				bestFree = free
+				best.Prefix, best.PodsPlaced, best.PodsFailed = k, placed, failed
+				best.Slivers = map[int]int{}
+				for f := 1; f < packing.MilliPerGPU; f++ {
+					if p[f] > 0 {
+						best.Slivers[f] = p[f]
+					}
 				}
 			}
 		}
 	}
+	try(start)
 	if bestFree < 0 {
-		return best, fmt.Errorf("openb: ceiling: no prefix from %d arrivals on packs whole", start)
+		// Even the 90 % prefix does not pack whole (a small cluster, or
+		// large pods): try them all from the empty prefix, which always packs.
+		try(0)
 	}
 	best.AllocatedMilli = capMilli - bestFree
 	best.GPUAllocated = float64(best.AllocatedMilli) / packing.MilliPerGPU

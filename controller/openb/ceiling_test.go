@@ -72,3 +72,49 @@ func TestCeilingAboveReplays(t *testing.T) {
 		t.Error("step 0 accepted")
 	}
 }
+
+// TestCeilingSmallCluster: when even the prefix that asks for 90 % of the
+// cluster does not pack whole (large pods on a small cluster), the ceiling
+// searches from the empty prefix instead of failing.
+func TestCeilingSmallCluster(t *testing.T) {
+	nodes := []Node{{Name: "n0", CPUMilli: 64000, MemoryMiB: 1 << 20, GPUs: 2, Model: "T4"}}
+	// Three 700-milli pods: the 90 % prefix is all three, which two GPUs
+	// cannot hold.
+	pods := []Pod{
+		{Name: "a", NumGPU: 1, GPUMilli: 700},
+		{Name: "b", NumGPU: 1, GPUMilli: 700},
+		{Name: "c", NumGPU: 1, GPUMilli: 700},
+	}
+	c, err := Ceiling(nodes, pods, 1.3, 1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Replay(nodes, pods, Config{Tune: 1.3, Seed: 1, Policy: packing.BestFit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.AllocatedMilli != 1400 || c.AllocatedMilli < r.AllocatedMilli {
+		t.Errorf("ceiling %d milli, bestfit %d, capacity 2000", c.AllocatedMilli, r.AllocatedMilli)
+	}
+}
+
+func TestCheckTuneAndUnknownModels(t *testing.T) {
+	for _, tune := range []float64{0, -1, 101, 1e9} {
+		if CheckTune(tune) == nil {
+			t.Errorf("tune %v accepted", tune)
+		}
+	}
+	if err := CheckTune(1.3); err != nil {
+		t.Error(err)
+	}
+	nodes := []Node{{Name: "n0", GPUs: 1, Model: "T4"}}
+	pods := []Pod{
+		{Name: "ok", NumGPU: 1, GPUMilli: 1000, Models: []string{"T4", "A100"}},
+		{Name: "typo", NumGPU: 1, GPUMilli: 1000, Models: []string{"T-4", "H100"}},
+		{Name: "any", NumGPU: 1, GPUMilli: 1000},
+	}
+	models, n := UnknownModels(nodes, pods)
+	if n != 1 || len(models) != 2 || models[0] != "H100" || models[1] != "T-4" {
+		t.Errorf("UnknownModels = %v, %d; want [H100 T-4], 1", models, n)
+	}
+}

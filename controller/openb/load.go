@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -67,13 +68,14 @@ type table struct {
 func openTable(path string, header []string) (*table, func() error, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("openb: %w", err)
+		return nil, nil, err // os names the path
 	}
 	r := csv.NewReader(f)
 	r.FieldsPerRecord = len(header)
 	r.ReuseRecord = true
 	t := &table{path: path, r: r}
 	h, err := r.Read()
+	t.rec = h // with csv.ErrFieldCount, the record read comes with the error
 	if err != nil {
 		f.Close()
 		return nil, nil, t.wrap(err)
@@ -94,19 +96,22 @@ func openTable(path string, header []string) (*table, func() error, error) {
 // next reads one record; it returns io.EOF at the end.
 func (t *table) next() error {
 	rec, err := t.r.Read()
+	t.rec = rec // with csv.ErrFieldCount, the record read comes with the error
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			return io.EOF
 		}
 		return t.wrap(err)
 	}
-	t.rec = rec
 	return nil
 }
 
 func (t *table) wrap(err error) error {
 	var pe *csv.ParseError
 	if errors.As(err, &pe) {
+		if errors.Is(pe.Err, csv.ErrFieldCount) {
+			return fmt.Errorf("%s:%d:%d: %w: %d, want %d", t.path, pe.Line, pe.Column, pe.Err, len(t.rec), t.r.FieldsPerRecord)
+		}
 		return fmt.Errorf("%s:%d:%d: %w", t.path, pe.Line, pe.Column, pe.Err)
 	}
 	if errors.Is(err, io.EOF) {
@@ -245,4 +250,34 @@ func LoadPods(path string) ([]Pod, error) {
 		return nil, fmt.Errorf("%s: no pods", path)
 	}
 	return pods, nil
+}
+
+// UnknownModels lists the GPU models that pods' gpu_spec names but no node
+// has, and counts the pods that may use none but such models.
+func UnknownModels(nodes []Node, pods []Pod) (models []string, n int) {
+	have := map[string]bool{}
+	for _, nd := range nodes {
+		have[nd.Model] = true
+	}
+	missing := map[string]bool{}
+	for _, p := range pods {
+		if len(p.Models) == 0 {
+			continue
+		}
+		usable := false
+		for _, m := range p.Models {
+			usable = usable || have[m]
+		}
+		if !usable {
+			n++
+			for _, m := range p.Models {
+				missing[m] = true
+			}
+		}
+	}
+	for m := range missing {
+		models = append(models, m)
+	}
+	sort.Strings(models)
+	return models, n
 }

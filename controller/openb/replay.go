@@ -75,6 +75,20 @@ func Arrivals(sorted []Pod, tune float64, capacityMilli int64, rng *rand.Rand) [
 	}
 }
 
+// MaxTune bounds the arrived demand: at 100 × the cluster's capacity a
+// replay of the default trace holds about 800,000 arrivals; beyond that
+// memory and time grow without bound (and tune × capacity in milli-GPU
+// would overflow int64 long before the loop ended).
+const MaxTune = 100
+
+// CheckTune says what is wrong with a tune, if anything.
+func CheckTune(tune float64) error {
+	if tune <= 0 || math.IsNaN(tune) || math.IsInf(tune, 0) || tune > MaxTune {
+		return fmt.Errorf("tune %v must be a number above 0 and at most %d", tune, MaxTune)
+	}
+	return nil
+}
+
 // demandLimit is tune × capacity in milli-GPU, with tune read to six
 // decimals so that 1.3 × 6212 GPUs is exactly 8,075,600 milli-GPU rather
 // than whatever float rounding makes of it.
@@ -118,8 +132,8 @@ func Replay(nodes []Node, pods []Pod, cfg Config) (Result, error) {
 
 // replay is Replay that also returns the final cluster state.
 func replay(nodes []Node, pods []Pod, cfg Config) (Result, []packing.NodeState, error) {
-	if cfg.Tune <= 0 || math.IsNaN(cfg.Tune) || math.IsInf(cfg.Tune, 0) {
-		return Result{}, nil, fmt.Errorf("openb: tune %v must be a positive number", cfg.Tune)
+	if err := CheckTune(cfg.Tune); err != nil {
+		return Result{}, nil, err
 	}
 	if len(nodes) == 0 || len(pods) == 0 {
 		return Result{}, nil, fmt.Errorf("openb: need nodes and pods (got %d nodes, %d pods)", len(nodes), len(pods))
