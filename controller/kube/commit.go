@@ -190,11 +190,15 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 		}
 		if failure == nil {
 			var bound []*v1.Pod
+			adopted := 0
 			for _, p := range jp {
-				err := s.bind(ctx, p.ref.pod, p.node)
+				a, err := s.bind(ctx, p.ref.pod, p.node)
 				if err != nil {
 					failure = fmt.Errorf("binding pod %s/%s: %w", p.ref.pod.Namespace, p.ref.pod.Name, err)
 					break
+				}
+				if a {
+					adopted++
 				}
 				bound = append(bound, p.ref.pod)
 			}
@@ -209,7 +213,7 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 			}
 			if failure == nil {
 				mu.Lock()
-				st.bound += len(jp)
+				st.bound += len(jp) - adopted
 				mu.Unlock()
 				for _, p := range jp {
 					s.own.bound(p.ref.pod.Namespace, p.ref.pod.Name, p.ref.pod.UID)
@@ -243,11 +247,16 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 	return st
 }
 
-// bind binds a pod. A pod already bound to the same node counts as bound:
-// after a restart or a failover the previous leader's last binds may not
-// have reached the informers yet.
-func (s *Scheduler) bind(ctx context.Context, pod *v1.Pod, node string) error {
-	err := retry.OnError(retry.DefaultBackoff, retriable, func() error {
+// bind binds a pod. A pod already bound to the same node counts as bound
+// (adopted): after a restart or a failover the previous leader's last binds
+// may not have reached the informers yet. Adopted binds are not ours to
+// count in tessera_binds_total.
+func (s *Scheduler) bind(ctx context.Context, pod *v1.Pod, node string) (adopted bool, _ error) {
+	// A Bind conflict is never transient (the pod is bound already, or it
+	// is another pod now): only timeouts and throttling are retried. A
+	// retried Bind whose first try landed after all reads as adopted; that
+	// rare miscount is the price of not guessing.
+	err := retryOnError(retry.DefaultBackoff, func(err error) bool { return retriable(err) && !apierrors.IsConflict(err) }, func() error {
 		return s.client.CoreV1().Pods(pod.Namespace).Bind(ctx, &v1.Binding{
 			ObjectMeta: metav1.ObjectMeta{Name: pod.Name, UID: pod.UID},
 			Target:     v1.ObjectReference{Kind: "Node", Name: node},
@@ -256,10 +265,10 @@ func (s *Scheduler) bind(ctx context.Context, pod *v1.Pod, node string) error {
 	if apierrors.IsConflict(err) {
 		cur, gerr := s.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
 		if gerr == nil && cur.UID == pod.UID && cur.Spec.NodeName == node {
-			return nil
+			return true, nil
 		}
 	}
-	return err
+	return false, err
 }
 
 func retriable(err error) bool {
@@ -446,7 +455,7 @@ func (s *Scheduler) reserveClaim(ctx context.Context, c *resourceapi.ResourceCla
 	claims := s.client.ResourceV1().ResourceClaims(c.Namespace)
 	cur := c
 	first := true
-	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+	err := retryOnConflict(func() error {
 		if !first {
 			latest, err := claims.Get(ctx, c.Name, metav1.GetOptions{})
 			if err != nil {
@@ -501,7 +510,7 @@ func (s *Scheduler) reserveClaim(ctx context.Context, c *resourceapi.ResourceCla
 // reserves loses its allocation, then the finalizer.
 func (s *Scheduler) releaseClaim(ctx context.Context, w writtenClaim, podUIDs sets.Set[types.UID]) error {
 	claims := s.client.ResourceV1().ResourceClaims(w.claim.Namespace)
-	return retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+	return retryOnConflict(func() error {
 		cur, err := claims.Get(ctx, w.claim.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil

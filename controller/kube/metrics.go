@@ -34,7 +34,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		cycle:          prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tessera_cycle_duration_seconds", Help: "Duration of a whole scheduling cycle (snapshot, decide, commit, status).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
 		decide:         prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tessera_decide_duration_seconds", Help: "Duration of the scheduling core's part of a cycle.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
 		action:         prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tessera_action_duration_seconds", Help: "Duration of each step of the scheduling core.", Buckets: prometheus.ExponentialBuckets(0.00001, 2, 20)}, []string{"action"}),
-		binds:          prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_binds_total", Help: "Pods bound."}),
+		binds:          prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_binds_total", Help: "Pods this replica bound (a bind that a previous leader made first is not counted)."}),
 		evictions:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tessera_evictions_total", Help: "Pods evicted, by the action that evicted them."}, []string{"reason"}),
 		apiErrors:      prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_api_errors_total", Help: "API calls of a commit that failed."}),
 		bindFailures:   prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_bind_failures_total", Help: "Placements the core chose that could not be committed."}),

@@ -140,7 +140,16 @@ func boundWithClaim(ctx context.Context, client kubernetes.Interface, ns, name s
 		return false, err.Error()
 	}
 	if pod.Spec.NodeName == "" {
-		return false, "pod not bound"
+		why := "pod not bound"
+		for _, c := range pod.Status.Conditions {
+			if c.Type == v1.PodScheduled {
+				why += fmt.Sprintf(" (PodScheduled=%s %s: %s)", c.Status, c.Reason, c.Message)
+			}
+		}
+		if c := claimOf(ctx, client, pod); c != nil {
+			why += fmt.Sprintf("; claim %s allocated=%v reservedFor=%d finalizers=%v", c.Name, c.Status.Allocation != nil, len(c.Status.ReservedFor), c.Finalizers)
+		}
+		return false, why
 	}
 	c := claimOf(ctx, client, pod)
 	if c == nil {

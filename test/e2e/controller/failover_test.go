@@ -120,20 +120,30 @@ func TestLeaderFailover(t *testing.T) {
 	default:
 	}
 	eventually(t, "every pod bound with its claim", 90*time.Second, func() (bool, string) {
+		var waiting []string
 		for i := range total {
 			name := fmt.Sprintf("p-%02d", i)
 			if ok, msg := boundWithClaim(ctx, client, ns, name); !ok {
-				return false, name + ": " + msg
+				waiting = append(waiting, name+": "+msg)
 			}
+		}
+		if len(waiting) > 0 {
+			return false, fmt.Sprintf("%d of %d pods waiting; %s; new leader's binds %v", len(waiting), total, waiting[0], standby.binds(t))
 		}
 		return true, ""
 	})
-	// The binds counter is set right after the commit that bound the last
-	// pod, a moment after the binding itself.
+	// Each replica counts the binds it made; one that the new leader finds
+	// made already is not counted again. The killed leader's last bind may
+	// have been cut short by its end: if its cancelled request still landed,
+	// nobody counts it (the killed leader saw an error, among its API
+	// errors). The counters are set right after the commit, a moment after
+	// the binding itself.
 	var oldBinds, newBinds float64
+	oldErrors := metricValue(t, leader.c.Registry(), "tessera_api_errors_total")
 	eventually(t, "binds counted", 5*time.Second, func() (bool, string) {
 		oldBinds, newBinds = leader.binds(t), standby.binds(t)
-		return oldBinds+newBinds == float64(total), fmt.Sprintf("binds %v + %v, want %d in all", oldBinds, newBinds, total)
+		sum := oldBinds + newBinds
+		return sum <= total && sum >= total-oldErrors, fmt.Sprintf("binds %v + %v, want %d in all (or up to %v fewer: the killed leader's failed calls)", oldBinds, newBinds, total, oldErrors)
 	})
 	t.Logf("binds: old leader %v, new leader %v", oldBinds, newBinds)
 	if newBinds < 1 {

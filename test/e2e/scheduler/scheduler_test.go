@@ -504,3 +504,68 @@ func TestReclaimHonoursPDB(t *testing.T) {
 	}
 	e.checkNoDoubleAllocation()
 }
+
+// TestClaimAllocatedPodUnbound: a scheduler that dies between writing a
+// claim's allocation and binding its pod (a leader killed mid-commit)
+// leaves a pending pod whose claim is allocated and reserved for it. The
+// next scheduler must bind the pod to the node its claim holds devices on,
+// keep that allocation, and give those devices to nobody else.
+func TestClaimAllocatedPodUnbound(t *testing.T) {
+	e := newEnv(t)
+	e.addGPUNode("dgx-0", "h100-sxm-8")
+	e.addGPUNode("dgx-1", "h100-sxm-8")
+	e.startScheduler(core.Config{})
+	e.createPod(podSpec{name: "first", claim: &gpuClaim{}})
+	e.waitBound("first")
+	e.stopScheduler()
+	first := e.claimOf("first")
+	node := e.pod("first").Spec.NodeName
+
+	// What the dead scheduler wrote: the finalizer, an allocation of
+	// another GPU of the same node, and the reservation; no binding.
+	orphan := e.createPod(podSpec{name: "orphan", claim: &gpuClaim{}})
+	var claim *resourceapi.ResourceClaim
+	e.eventually("orphan's claim created", 30*time.Second, func() (bool, string) {
+		p := e.pod("orphan")
+		if len(p.Status.ResourceClaimStatuses) == 0 || p.Status.ResourceClaimStatuses[0].ResourceClaimName == nil {
+			return false, "no claim yet"
+		}
+		claim = e.claimOf("orphan")
+		return true, ""
+	})
+	claim.Finalizers = append(claim.Finalizers, "resource.kubernetes.io/delete-protection")
+	claim, err := e.client.ResourceV1().ResourceClaims(e.ns).Update(e.ctx, claim, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc := first.Status.Allocation.DeepCopy()
+	taken := alloc.Devices.Results[0].Device
+	alloc.Devices.Results[0].Device = "gpu-7"
+	if taken == "gpu-7" {
+		alloc.Devices.Results[0].Device = "gpu-6"
+	}
+	want := alloc.Devices.Results[0].Pool + "/" + alloc.Devices.Results[0].Device
+	claim.Status.Allocation = alloc
+	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "orphan", UID: orphan.UID}}
+	if _, err := e.client.ResourceV1().ResourceClaims(e.ns).UpdateStatus(e.ctx, claim, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Fill the rest of the node too, so a scheduler that ignored the
+	// allocation would have to double-book gpu-7.
+	e.startScheduler(core.Config{})
+	var names []string
+	for i := range 14 {
+		n := fmt.Sprintf("fill-%d", i)
+		names = append(names, n)
+		e.createPod(podSpec{name: n, claim: &gpuClaim{}})
+	}
+	e.waitBound(append(names, "orphan")...)
+	if got := e.pod("orphan").Spec.NodeName; got != node {
+		t.Errorf("orphan bound to %s; its claim holds a GPU of %s", got, node)
+	}
+	if got := e.devicesOf("orphan"); !slices.Equal(got, []string{want}) {
+		t.Errorf("orphan's claim holds %v, want the allocation it had, %s", got, want)
+	}
+	e.checkNoDoubleAllocation()
+}
