@@ -155,6 +155,10 @@ func cleanYAMLError(err error, docLine int) string {
 	s = strings.TrimPrefix(s, "yaml: ")
 	s = strings.TrimPrefix(s, "unmarshal errors:\n")
 	s = strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
+	if strings.HasPrefix(s, "json: unsupported value: ") {
+		// .nan and .inf are YAML floats that no field can hold.
+		return "a value is " + strings.TrimPrefix(s, "json: unsupported value: ") + " (.nan or .inf); every number must be finite"
+	}
 	return yamlLine.ReplaceAllStringFunc(s, func(m string) string {
 		n, _ := strconv.Atoi(strings.TrimPrefix(m, "line "))
 		return "line " + strconv.Itoa(n+docLine-1)
