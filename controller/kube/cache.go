@@ -38,6 +38,16 @@ type cycleIndex struct {
 	// allocated is what claims hold at the cycle's start, computed on
 	// first use.
 	allocated *structured.AllocatedState
+	// adopt lists unbound pods of ours whose claims are all allocated
+	// already (a scheduler died between allocating and binding): the
+	// snapshot counts them as bound on their claims' node, and the commit
+	// binds them there.
+	adopt []adoptee
+}
+
+type adoptee struct {
+	pod  string // core pod name
+	node string
 }
 
 type podRef struct {
@@ -176,6 +186,16 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 		snap.Nodes = append(snap.Nodes, cn)
 	}
 
+	poolNode := map[string]string{}
+	for name, g := range idx.gpus {
+		if g != nil {
+			poolNode[g.pool] = name
+		}
+	}
+	// attributed: the allocated claims whose devices a pod in the snapshot
+	// accounts for; the others are added as external usage at the end.
+	attributed := map[types.UID]bool{}
+
 	// Pods, grouped into jobs.
 	pods, err := s.podLister.List(everything)
 	if err != nil {
@@ -212,6 +232,13 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 			}
 		}
 		e := s.translatePod(pod)
+		nodeName := pod.Spec.NodeName
+		adopted := false
+		if !bound && ours {
+			if node := heldNode(e.claims, poolNode); node != "" && idx.nodes[node] != nil {
+				adopted, bound, nodeName = true, true, node
+			}
+		}
 		if !bound && e.err != nil {
 			idx.problems = append(idx.problems, core.PendingPod{Pod: key, Reason: e.err.Error()})
 			idx.pods[key] = &podRef{pod: pod}
@@ -240,7 +267,15 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 			if pod.DeletionTimestamp != nil {
 				cp.Phase = core.PodReleasing
 			}
-			cp.Placement = allocatedPlacement(pod.Spec.NodeName, e.claims, idx.gpus[pod.Spec.NodeName])
+			cp.Placement = allocatedPlacement(nodeName, e.claims, idx.gpus[nodeName])
+			for _, c := range e.claims {
+				attributed[c.UID] = true
+			}
+			if adopted {
+				// Bound by the commit; the core sees it where its claims are.
+				cp.Phase = core.PodBound
+				idx.adopt = append(idx.adopt, adoptee{pod: key, node: nodeName})
+			}
 			// What is placed is what the claims hold, whatever the pod asked.
 			cp.Request.GPUs, cp.Request.GPUMemory, cp.Request.GPUMilli = 0, 0, 0
 			if cp.Placement.Sharing != "" && len(cp.Placement.GPUs) == 1 {
@@ -280,6 +315,14 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 		if !seen[uid] {
 			delete(s.podCache, uid)
 		}
+	}
+	// Allocated claims that no pod above accounts for (reserved for a pod
+	// that is pending with other claims still to allocate, or for nobody)
+	// still hold their devices, and the commit's allocator knows it: the
+	// core must not offer those GPUs either, or it would keep choosing a GPU
+	// the allocator refuses.
+	if err := s.addUnattributedClaims(idx, attributed, poolNode, jobs, &jobOrder); err != nil {
+		return nil, nil, err
 	}
 	for _, name := range jobOrder {
 		j := jobs[name]
@@ -397,4 +440,69 @@ func fromUnstructured[T any](obj any) (*T, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// heldNode is the node on which all of a pod's claims are allocated, when
+// they all are (and at least one holds a Tessera GPU); "" otherwise.
+func heldNode(claims []*resourceapi.ResourceClaim, poolNode map[string]string) string {
+	node := ""
+	for _, c := range claims {
+		a := c.Status.Allocation
+		if a == nil {
+			return ""
+		}
+		for _, r := range a.Devices.Results {
+			if r.Driver != DriverName {
+				continue
+			}
+			n := poolNode[r.Pool]
+			if n == "" || (node != "" && n != node) {
+				return ""
+			}
+			node = n
+		}
+	}
+	return node
+}
+
+// addUnattributedClaims adds, for each allocated claim that holds Tessera
+// GPUs and that no pod of the snapshot accounts for, a bound pod of the
+// external queue holding those GPUs.
+func (s *Scheduler) addUnattributedClaims(idx *cycleIndex, attributed map[types.UID]bool, poolNode map[string]string, jobs map[string]*core.Job, jobOrder *[]string) error {
+	claims, err := s.claimLister.List(everything)
+	if err != nil {
+		return fmt.Errorf("listing ResourceClaims: %w", err)
+	}
+	sort.Slice(claims, func(i, j int) bool {
+		if claims[i].Namespace != claims[j].Namespace {
+			return claims[i].Namespace < claims[j].Namespace
+		}
+		return claims[i].Name < claims[j].Name
+	})
+	for _, c := range claims {
+		if c.Status.Allocation == nil || attributed[c.UID] {
+			continue
+		}
+		node := heldNode([]*resourceapi.ResourceClaim{c}, poolNode)
+		if node == "" {
+			continue
+		}
+		pl := allocatedPlacement(node, []*resourceapi.ResourceClaim{c}, idx.gpus[node])
+		if len(pl.GPUs) == 0 {
+			continue
+		}
+		key := "<claim>/" + c.Namespace + "/" + c.Name
+		cp := core.Pod{Name: key, Phase: core.PodBound, Placement: pl, Pinned: true}
+		if pl.Sharing != "" && len(pl.GPUs) == 1 {
+			cp.Request.GPUMemory, cp.Request.Sharing = pl.GPUMemory[0], pl.Sharing
+		} else {
+			cp.Request.GPUs = len(pl.GPUs)
+			cp.Placement.Sharing = ""
+		}
+		name := "<external>/" + key
+		jobs[name] = &core.Job{Name: name, Queue: externalQueue, Priority: 1 << 30, CreatedAt: c.CreationTimestamp.Time, Pods: []core.Pod{cp}}
+		*jobOrder = append(*jobOrder, name)
+		idx.jobs[name] = &jobRef{pods: []string{key}}
+	}
+	return nil
 }

@@ -60,8 +60,31 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 		}
 	}
 
-	// Evictions, in parallel.
 	var mu sync.Mutex
+	// Pods whose claims a previous scheduler allocated but that it did not
+	// bind: bind them where their claims are.
+	s.parallel(len(idx.adopt), func(i int) {
+		a := idx.adopt[i]
+		ref := idx.pods[a.pod]
+		if ref == nil {
+			return
+		}
+		adopted, err := s.bind(ctx, ref.pod, a.node)
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case err != nil:
+			st.apiErrors.Add(1)
+			st.failed[a.pod] = fmt.Sprintf("binding to %s, where its claims are allocated: %v", a.node, err)
+			klog.ErrorS(err, "Binding a pod whose claims are allocated already", "pod", a.pod, "node", a.node)
+		case !adopted:
+			st.bound++
+			s.own.bound(ref.pod.Namespace, ref.pod.Name, ref.pod.UID)
+			s.recorder.Eventf(ref.pod, v1.EventTypeNormal, "Scheduled", "Successfully assigned %s/%s to %s (its claims were allocated there already)", ref.pod.Namespace, ref.pod.Name, a.node)
+		}
+	})
+
+	// Evictions, in parallel.
 	evictedOK := map[string]bool{}
 	s.parallel(len(res.Evictions), func(i int) {
 		ev := res.Evictions[i]

@@ -508,8 +508,10 @@ func TestReclaimHonoursPDB(t *testing.T) {
 // TestClaimAllocatedPodUnbound: a scheduler that dies between writing a
 // claim's allocation and binding its pod (a leader killed mid-commit)
 // leaves a pending pod whose claim is allocated and reserved for it. The
-// next scheduler must bind the pod to the node its claim holds devices on,
-// keep that allocation, and give those devices to nobody else.
+// next scheduler must bind the pod to the node its claim holds a GPU on —
+// here the emptier node, which bin-packing alone would not pick — keep that
+// allocation, and give that GPU to nobody else. A second claim allocated
+// for a pod that never comes (reserved for nobody) holds its GPU too.
 func TestClaimAllocatedPodUnbound(t *testing.T) {
 	e := newEnv(t)
 	e.addGPUNode("dgx-0", "h100-sxm-8")
@@ -519,10 +521,35 @@ func TestClaimAllocatedPodUnbound(t *testing.T) {
 	e.waitBound("first")
 	e.stopScheduler()
 	first := e.claimOf("first")
-	node := e.pod("first").Spec.NodeName
+	full := e.pod("first").Spec.NodeName
+	other := "dgx-0"
+	if full == other {
+		other = "dgx-1"
+	}
 
-	// What the dead scheduler wrote: the finalizer, an allocation of
-	// another GPU of the same node, and the reservation; no binding.
+	// allocate writes what a dead scheduler would have: the finalizer, an
+	// allocation of GPU dev on the other node, and the reservation.
+	allocate := func(claim *resourceapi.ResourceClaim, dev string, pod *v1.Pod) {
+		t.Helper()
+		claim.Finalizers = append(claim.Finalizers, "resource.kubernetes.io/delete-protection")
+		claim, err := e.client.ResourceV1().ResourceClaims(e.ns).Update(e.ctx, claim, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		alloc := first.Status.Allocation.DeepCopy()
+		alloc.Devices.Results[0].Pool = other
+		alloc.Devices.Results[0].Device = dev
+		alloc.NodeSelector = &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchFields: []v1.NodeSelectorRequirement{{
+			Key: "metadata.name", Operator: v1.NodeSelectorOpIn, Values: []string{other},
+		}}}}}
+		claim.Status.Allocation = alloc
+		if pod != nil {
+			claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
+		}
+		if _, err := e.client.ResourceV1().ResourceClaims(e.ns).UpdateStatus(e.ctx, claim, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	orphan := e.createPod(podSpec{name: "orphan", claim: &gpuClaim{}})
 	var claim *resourceapi.ResourceClaim
 	e.eventually("orphan's claim created", 30*time.Second, func() (bool, string) {
@@ -533,39 +560,38 @@ func TestClaimAllocatedPodUnbound(t *testing.T) {
 		claim = e.claimOf("orphan")
 		return true, ""
 	})
-	claim.Finalizers = append(claim.Finalizers, "resource.kubernetes.io/delete-protection")
-	claim, err := e.client.ResourceV1().ResourceClaims(e.ns).Update(e.ctx, claim, metav1.UpdateOptions{})
+	allocate(claim, "gpu-7", orphan)
+	// A claim of its own (not from a template), allocated for nobody.
+	lone := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "lone", Namespace: e.ns}, Spec: claim.Spec}
+	lone, err := e.client.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, lone, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	alloc := first.Status.Allocation.DeepCopy()
-	taken := alloc.Devices.Results[0].Device
-	alloc.Devices.Results[0].Device = "gpu-7"
-	if taken == "gpu-7" {
-		alloc.Devices.Results[0].Device = "gpu-6"
-	}
-	want := alloc.Devices.Results[0].Pool + "/" + alloc.Devices.Results[0].Device
-	claim.Status.Allocation = alloc
-	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "orphan", UID: orphan.UID}}
-	if _, err := e.client.ResourceV1().ResourceClaims(e.ns).UpdateStatus(e.ctx, claim, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	allocate(lone, "gpu-6", nil)
 
-	// Fill the rest of the node too, so a scheduler that ignored the
-	// allocation would have to double-book gpu-7.
+	// Fill the cluster, so a scheduler that ignored either allocation
+	// would have to double-book gpu-6 or gpu-7 of the other node.
 	e.startScheduler(core.Config{})
 	var names []string
-	for i := range 14 {
+	for i := range 13 {
 		n := fmt.Sprintf("fill-%d", i)
 		names = append(names, n)
 		e.createPod(podSpec{name: n, claim: &gpuClaim{}})
 	}
 	e.waitBound(append(names, "orphan")...)
-	if got := e.pod("orphan").Spec.NodeName; got != node {
-		t.Errorf("orphan bound to %s; its claim holds a GPU of %s", got, node)
+	if got := e.pod("orphan").Spec.NodeName; got != other {
+		t.Errorf("orphan bound to %s; its claim holds a GPU of %s", got, other)
 	}
-	if got := e.devicesOf("orphan"); !slices.Equal(got, []string{want}) {
-		t.Errorf("orphan's claim holds %v, want the allocation it had, %s", got, want)
+	if got, want := e.devicesOf("orphan"), []string{other + "/gpu-7"}; !slices.Equal(got, want) {
+		t.Errorf("orphan's claim holds %v, want the allocation it had, %v", got, want)
 	}
+	e.checkNoDoubleAllocation()
+	// The cluster is full now (16 GPUs: first, orphan, lone, 13 fills): one
+	// more pod waits rather than take lone's GPU.
+	e.createPod(podSpec{name: "extra", claim: &gpuClaim{}})
+	e.eventually("extra pending with a reason", 30*time.Second, func() (bool, string) {
+		r := pendingReason(e.pod("extra"))
+		return r != "" && e.pod("extra").Spec.NodeName == "", "reason " + r
+	})
 	e.checkNoDoubleAllocation()
 }
