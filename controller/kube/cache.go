@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
@@ -442,6 +443,24 @@ func fromUnstructured[T any](obj any) (*T, error) {
 	return out, nil
 }
 
+// reservedForLivePod says whether a claim is reserved for a pod that still
+// exists and has not ended. A claim reserved only for pods that are gone
+// (victims of an eviction, say) is about to be deallocated by
+// kube-controller-manager: counting it as held would make the core evict
+// more to make room that is coming anyway.
+func reservedForLivePod(c *resourceapi.ResourceClaim, pods corelisters.PodLister) bool {
+	for _, r := range c.Status.ReservedFor {
+		if r.Resource != "pods" || r.APIGroup != "" {
+			continue
+		}
+		p, err := pods.Pods(c.Namespace).Get(r.Name)
+		if err == nil && p.UID == r.UID && p.Status.Phase != v1.PodSucceeded && p.Status.Phase != v1.PodFailed {
+			return true
+		}
+	}
+	return false
+}
+
 // heldNode is the node on which all of a pod's claims are allocated, when
 // they all are (and at least one holds a Tessera GPU); "" otherwise.
 func heldNode(claims []*resourceapi.ResourceClaim, poolNode map[string]string) string {
@@ -466,8 +485,8 @@ func heldNode(claims []*resourceapi.ResourceClaim, poolNode map[string]string) s
 }
 
 // addUnattributedClaims adds, for each allocated claim that holds Tessera
-// GPUs and that no pod of the snapshot accounts for, a bound pod of the
-// external queue holding those GPUs.
+// GPUs for a live pod and that no pod of the snapshot accounts for, a bound
+// pod of the external queue holding those GPUs.
 func (s *Scheduler) addUnattributedClaims(idx *cycleIndex, attributed map[types.UID]bool, poolNode map[string]string, jobs map[string]*core.Job, jobOrder *[]string) error {
 	claims, err := s.claimLister.List(everything)
 	if err != nil {
@@ -480,7 +499,7 @@ func (s *Scheduler) addUnattributedClaims(idx *cycleIndex, attributed map[types.
 		return claims[i].Name < claims[j].Name
 	})
 	for _, c := range claims {
-		if c.Status.Allocation == nil || attributed[c.UID] {
+		if c.Status.Allocation == nil || attributed[c.UID] || !reservedForLivePod(c, s.podLister) {
 			continue
 		}
 		node := heldNode([]*resourceapi.ResourceClaim{c}, poolNode)
