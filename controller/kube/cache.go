@@ -443,12 +443,17 @@ func fromUnstructured[T any](obj any) (*T, error) {
 	return out, nil
 }
 
-// reservedForLivePod says whether a claim is reserved for a pod that still
-// exists and has not ended. A claim reserved only for pods that are gone
-// (victims of an eviction, say) is about to be deallocated by
-// kube-controller-manager: counting it as held would make the core evict
-// more to make room that is coming anyway.
-func reservedForLivePod(c *resourceapi.ResourceClaim, pods corelisters.PodLister) bool {
+// stillHeld says whether an allocated claim keeps its devices: it is
+// reserved for a pod that exists and has not ended, or for nobody (an
+// allocated claim that was never reserved stays allocated; nothing
+// deallocates it). A claim reserved only for pods that are gone (victims of
+// an eviction, say) is about to be deallocated by kube-controller-manager,
+// which deallocates on the last consumer's removal: counting it as held
+// would make the core evict more for room that is coming anyway.
+func stillHeld(c *resourceapi.ResourceClaim, pods corelisters.PodLister) bool {
+	if len(c.Status.ReservedFor) == 0 {
+		return true
+	}
 	for _, r := range c.Status.ReservedFor {
 		if r.Resource != "pods" || r.APIGroup != "" {
 			continue
@@ -484,9 +489,9 @@ func heldNode(claims []*resourceapi.ResourceClaim, poolNode map[string]string) s
 	return node
 }
 
-// addUnattributedClaims adds, for each allocated claim that holds Tessera
-// GPUs for a live pod and that no pod of the snapshot accounts for, a bound
-// pod of the external queue holding those GPUs.
+// addUnattributedClaims adds, for each allocated claim that still holds
+// Tessera GPUs (stillHeld) and that no pod of the snapshot accounts for, a
+// bound pod of the external queue holding those GPUs.
 func (s *Scheduler) addUnattributedClaims(idx *cycleIndex, attributed map[types.UID]bool, poolNode map[string]string, jobs map[string]*core.Job, jobOrder *[]string) error {
 	claims, err := s.claimLister.List(everything)
 	if err != nil {
@@ -499,7 +504,7 @@ func (s *Scheduler) addUnattributedClaims(idx *cycleIndex, attributed map[types.
 		return claims[i].Name < claims[j].Name
 	})
 	for _, c := range claims {
-		if c.Status.Allocation == nil || attributed[c.UID] || !reservedForLivePod(c, s.podLister) {
+		if c.Status.Allocation == nil || attributed[c.UID] || !stillHeld(c, s.podLister) {
 			continue
 		}
 		node := heldNode([]*resourceapi.ResourceClaim{c}, poolNode)

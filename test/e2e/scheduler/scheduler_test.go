@@ -510,7 +510,8 @@ func TestReclaimHonoursPDB(t *testing.T) {
 // leaves a pending pod whose claim is allocated and reserved for it. The
 // next scheduler must bind the pod to the node its claim holds a GPU on —
 // here the emptier node, which bin-packing alone would not pick — keep that
-// allocation, and give that GPU to nobody else.
+// allocation, and give that GPU to nobody else. A claim allocated but
+// reserved for nobody holds its GPU too.
 func TestClaimAllocatedPodUnbound(t *testing.T) {
 	e := newEnv(t)
 	e.addGPUNode("dgx-0", "h100-sxm-8")
@@ -560,11 +561,19 @@ func TestClaimAllocatedPodUnbound(t *testing.T) {
 		return true, ""
 	})
 	allocate(claim, "gpu-7", orphan)
-	// Fill the cluster, so a scheduler that ignored the allocation would
-	// have to double-book gpu-7 of the other node.
+	// A claim of its own (not from a template), allocated but reserved for
+	// nobody: nothing deallocates it, so it holds its GPU.
+	lone := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "lone", Namespace: e.ns}, Spec: claim.Spec}
+	lone, err := e.client.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, lone, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocate(lone, "gpu-6", nil)
+	// Fill the cluster, so a scheduler that ignored either allocation
+	// would have to double-book gpu-6 or gpu-7 of the other node.
 	e.startScheduler(core.Config{})
 	var names []string
-	for i := range 14 {
+	for i := range 13 {
 		n := fmt.Sprintf("fill-%d", i)
 		names = append(names, n)
 		e.createPod(podSpec{name: n, claim: &gpuClaim{}})
@@ -575,6 +584,20 @@ func TestClaimAllocatedPodUnbound(t *testing.T) {
 	}
 	if got, want := e.devicesOf("orphan"), []string{other + "/gpu-7"}; !slices.Equal(got, want) {
 		t.Errorf("orphan's claim holds %v, want the allocation it had, %v", got, want)
+	}
+	e.checkNoDoubleAllocation()
+	// The cluster is full now (16 GPUs: first, orphan, lone, 13 fills): one
+	// more pod waits, with the core's reason, rather than take lone's GPU.
+	e.createPod(podSpec{name: "extra", claim: &gpuClaim{}})
+	// The reason must be the core's (no GPU free), not a commit refusing
+	// the GPU the core thought free ("... do not fit GPUs [6] of node ...").
+	e.eventually("extra pending for lack of GPUs", 30*time.Second, func() (bool, string) {
+		r := pendingReason(e.pod("extra"))
+		return contains(r, "GPU") && !contains(r, "do not fit") && e.pod("extra").Spec.NodeName == "", "reason " + r
+	})
+	time.Sleep(2 * time.Second) // some more cycles
+	if n := e.pod("extra").Spec.NodeName; n != "" {
+		t.Errorf("extra bound to %s, onto lone's GPU", n)
 	}
 	e.checkNoDoubleAllocation()
 }
