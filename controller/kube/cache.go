@@ -277,15 +277,7 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 				cp.Phase = core.PodBound
 				idx.adopt = append(idx.adopt, adoptee{pod: key, node: nodeName})
 			}
-			// What is placed is what the claims hold, whatever the pod asked.
-			cp.Request.GPUs, cp.Request.GPUMemory, cp.Request.GPUMilli = 0, 0, 0
-			if cp.Placement.Sharing != "" && len(cp.Placement.GPUs) == 1 {
-				cp.Request.GPUMemory = cp.Placement.GPUMemory[0]
-				cp.Request.Sharing = cp.Placement.Sharing
-			} else {
-				cp.Request.GPUs = len(cp.Placement.GPUs)
-				cp.Placement.Sharing = ""
-			}
+			holdPlacement(&cp)
 		}
 		jobName, job, reason := s.jobFor(pod, ours, leaf)
 		if reason != "" {
@@ -466,6 +458,19 @@ func stillHeld(c *resourceapi.ResourceClaim, pods corelisters.PodLister) bool {
 	return false
 }
 
+// holdPlacement makes a placed pod's GPU request what its claims hold,
+// whatever the pod asked: one fraction, or whole GPUs.
+func holdPlacement(cp *core.Pod) {
+	cp.Request.GPUs, cp.Request.GPUMemory, cp.Request.GPUMilli = 0, 0, 0
+	if cp.Placement.Sharing != "" && len(cp.Placement.GPUs) == 1 {
+		cp.Request.GPUMemory = cp.Placement.GPUMemory[0]
+		cp.Request.Sharing = cp.Placement.Sharing
+	} else {
+		cp.Request.GPUs = len(cp.Placement.GPUs)
+		cp.Placement.Sharing = ""
+	}
+}
+
 // heldNode is the node on which all of a pod's claims are allocated, when
 // they all are (and at least one holds a Tessera GPU); "" otherwise.
 func heldNode(claims []*resourceapi.ResourceClaim, poolNode map[string]string) string {
@@ -517,12 +522,7 @@ func (s *Scheduler) addUnattributedClaims(idx *cycleIndex, attributed map[types.
 		}
 		key := "<claim>/" + c.Namespace + "/" + c.Name
 		cp := core.Pod{Name: key, Phase: core.PodBound, Placement: pl, Pinned: true}
-		if pl.Sharing != "" && len(pl.GPUs) == 1 {
-			cp.Request.GPUMemory, cp.Request.Sharing = pl.GPUMemory[0], pl.Sharing
-		} else {
-			cp.Request.GPUs = len(pl.GPUs)
-			cp.Placement.Sharing = ""
-		}
+		holdPlacement(&cp)
 		name := "<external>/" + key
 		jobs[name] = &core.Job{Name: name, Queue: externalQueue, Priority: 1 << 30, CreatedAt: c.CreationTimestamp.Time, Pods: []core.Pod{cp}}
 		*jobOrder = append(*jobOrder, name)
