@@ -36,6 +36,8 @@ type cycleIndex struct {
 	// taintedNodes and taintedGPUs say whether any node or GPU has a
 	// scheduling taint, so pods need a feasibility check at all.
 	taintedNodes, taintedGPUs bool
+	// claims are all ResourceClaims at the cycle's start, listed once.
+	claims []*resourceapi.ResourceClaim
 	// allocated is what claims hold at the cycle's start, computed on
 	// first use.
 	allocated *structured.AllocatedState
@@ -67,7 +69,7 @@ type jobRef struct {
 // adds its own allocations to it as it goes.
 func (idx *cycleIndex) allocatedState(s *Scheduler) *structured.AllocatedState {
 	if idx.allocated == nil {
-		idx.allocated = s.allocatedState()
+		idx.allocated = allocatedState(idx.claims)
 	}
 	return idx.allocated
 }
@@ -187,6 +189,9 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 		snap.Nodes = append(snap.Nodes, cn)
 	}
 
+	if idx.claims, err = s.claimLister.List(everything); err != nil {
+		return nil, nil, fmt.Errorf("listing ResourceClaims: %w", err)
+	}
 	poolNode := map[string]string{}
 	for name, g := range idx.gpus {
 		if g != nil {
@@ -314,9 +319,7 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 	// still hold their devices, and the commit's allocator knows it: the
 	// core must not offer those GPUs either, or it would keep choosing a GPU
 	// the allocator refuses.
-	if err := s.addUnattributedClaims(idx, attributed, poolNode, jobs, &jobOrder); err != nil {
-		return nil, nil, err
-	}
+	s.addUnattributedClaims(idx, attributed, poolNode, jobs, &jobOrder)
 	for _, name := range jobOrder {
 		j := jobs[name]
 		if since, ok := s.belowSince[name]; ok {
@@ -497,21 +500,21 @@ func heldNode(claims []*resourceapi.ResourceClaim, poolNode map[string]string) s
 // addUnattributedClaims adds, for each allocated claim that still holds
 // Tessera GPUs (stillHeld) and that no pod of the snapshot accounts for, a
 // bound pod of the external queue holding those GPUs.
-func (s *Scheduler) addUnattributedClaims(idx *cycleIndex, attributed map[types.UID]bool, poolNode map[string]string, jobs map[string]*core.Job, jobOrder *[]string) error {
-	claims, err := s.claimLister.List(everything)
-	if err != nil {
-		return fmt.Errorf("listing ResourceClaims: %w", err)
+func (s *Scheduler) addUnattributedClaims(idx *cycleIndex, attributed map[types.UID]bool, poolNode map[string]string, jobs map[string]*core.Job, jobOrder *[]string) {
+	var held []*resourceapi.ResourceClaim
+	for _, c := range idx.claims {
+		if c.Status.Allocation != nil && !attributed[c.UID] && stillHeld(c, s.podLister) {
+			held = append(held, c)
+		}
 	}
-	sort.Slice(claims, func(i, j int) bool {
-		if claims[i].Namespace != claims[j].Namespace {
-			return claims[i].Namespace < claims[j].Namespace
+	// Few, usually none: sorted for a deterministic job order.
+	sort.Slice(held, func(i, j int) bool {
+		if held[i].Namespace != held[j].Namespace {
+			return held[i].Namespace < held[j].Namespace
 		}
-		return claims[i].Name < claims[j].Name
+		return held[i].Name < held[j].Name
 	})
-	for _, c := range claims {
-		if c.Status.Allocation == nil || attributed[c.UID] || !stillHeld(c, s.podLister) {
-			continue
-		}
+	for _, c := range held {
 		node := heldNode([]*resourceapi.ResourceClaim{c}, poolNode)
 		if node == "" {
 			continue
@@ -528,5 +531,4 @@ func (s *Scheduler) addUnattributedClaims(idx *cycleIndex, attributed map[types.
 		*jobOrder = append(*jobOrder, name)
 		idx.jobs[name] = &jobRef{pods: []string{key}}
 	}
-	return nil
 }

@@ -331,16 +331,11 @@ func (s *Scheduler) evict(ctx context.Context, pod *v1.Pod, ev core.Eviction) er
 
 // allocatedState collects what every allocated claim holds, as the
 // structured allocator wants it.
-func (s *Scheduler) allocatedState() *structured.AllocatedState {
+func allocatedState(claims []*resourceapi.ResourceClaim) *structured.AllocatedState {
 	st := &structured.AllocatedState{
 		AllocatedDevices:         sets.New[structured.DeviceID](),
 		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
 		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
-	}
-	claims, err := s.claimLister.List(everything)
-	if err != nil {
-		klog.ErrorS(err, "Listing ResourceClaims")
-		return st
 	}
 	for _, c := range claims {
 		if c.Status.Allocation != nil {
