@@ -2,7 +2,8 @@ package packing
 
 // Tessera is FGD (fgd.go) scored by the exact change of fragmentation (not
 // the paper's 0–100 integer, which gains FGD 0.8 points on openb but
-// nothing here: 96.00 against 96.01), with two refinements, both derived
+// nothing here: 96.00 against 96.01, measured with a temporary change that
+// is not in the repository), with two refinements, both derived
 // from the Workload, so that they follow whatever pod mix the scheduler
 // knows:
 //
