@@ -279,28 +279,38 @@ func (c *cluster) clean(t *testing.T) {
 	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &grace}, metav1.ListOptions{}); err != nil {
 		t.Errorf("deleting pods of %s: %v", c.ns, err)
 	}
-	for {
+	if !waitEmpty(ctx, t, "pods of "+c.ns, func() (int, error) {
 		l, err := pods.List(ctx, metav1.ListOptions{})
-		if err == nil && len(l.Items) == 0 {
-			break
+		if err != nil {
+			return 0, err
 		}
-		if ctx.Err() != nil {
-			t.Errorf("pods of %s still there after 2m", c.ns)
-			return
-		}
-		time.Sleep(250 * time.Millisecond)
+		return len(l.Items), nil
+	}) {
+		return
 	}
 	if err := claims.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		t.Errorf("deleting claims of %s: %v", c.ns, err)
 	}
-	for {
+	waitEmpty(ctx, t, "claims of "+c.ns, func() (int, error) {
 		l, err := claims.List(ctx, metav1.ListOptions{})
-		if err == nil && len(l.Items) == 0 {
-			return
+		if err != nil {
+			return 0, err
+		}
+		return len(l.Items), nil
+	})
+}
+
+// waitEmpty polls count until it reports none (true), or fails t when ctx
+// ends (false).
+func waitEmpty(ctx context.Context, t *testing.T, what string, count func() (int, error)) bool {
+	t.Helper()
+	for {
+		if n, err := count(); err == nil && n == 0 {
+			return true
 		}
 		if ctx.Err() != nil {
-			t.Errorf("claims of %s still there after 2m", c.ns)
-			return
+			t.Errorf("%s still there after 2m", what)
+			return false
 		}
 		time.Sleep(250 * time.Millisecond)
 	}

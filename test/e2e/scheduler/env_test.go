@@ -333,8 +333,29 @@ func pendingReason(p *v1.Pod) string {
 // claimOf returns the allocated claim of a test pod.
 func (e *env) claimOf(pod string) *resourceapi.ResourceClaim {
 	e.t.Helper()
-	p := e.pod(pod)
-	for _, s := range p.Status.ResourceClaimStatuses {
+	if c := e.findClaim(pod); c != nil {
+		return c
+	}
+	e.t.Fatalf("pod %s has no claim", pod)
+	return nil
+}
+
+// waitClaim waits for kube-controller-manager to make the pod's claim.
+func (e *env) waitClaim(pod string) *resourceapi.ResourceClaim {
+	e.t.Helper()
+	var c *resourceapi.ResourceClaim
+	e.eventually(pod+"'s claim created", 30*time.Second, func() (bool, string) {
+		c = e.findClaim(pod)
+		return c != nil, "no claim yet"
+	})
+	return c
+}
+
+// findClaim returns the pod's first generated claim, or nil before there is
+// one.
+func (e *env) findClaim(pod string) *resourceapi.ResourceClaim {
+	e.t.Helper()
+	for _, s := range e.pod(pod).Status.ResourceClaimStatuses {
 		if s.ResourceClaimName != nil {
 			c, err := e.client.ResourceV1().ResourceClaims(e.ns).Get(e.ctx, *s.ResourceClaimName, metav1.GetOptions{})
 			if err != nil {
@@ -343,7 +364,6 @@ func (e *env) claimOf(pod string) *resourceapi.ResourceClaim {
 			return c
 		}
 	}
-	e.t.Fatalf("pod %s has no claim", pod)
 	return nil
 }
 

@@ -551,15 +551,7 @@ func TestClaimAllocatedPodUnbound(t *testing.T) {
 		}
 	}
 	orphan := e.createPod(podSpec{name: "orphan", claim: &gpuClaim{}})
-	var claim *resourceapi.ResourceClaim
-	e.eventually("orphan's claim created", 30*time.Second, func() (bool, string) {
-		p := e.pod("orphan")
-		if len(p.Status.ResourceClaimStatuses) == 0 || p.Status.ResourceClaimStatuses[0].ResourceClaimName == nil {
-			return false, "no claim yet"
-		}
-		claim = e.claimOf("orphan")
-		return true, ""
-	})
+	claim := e.waitClaim("orphan")
 	allocate(claim, "gpu-7", orphan)
 	// A claim of its own (not from a template), allocated but reserved for
 	// nobody: nothing deallocates it, so it holds its GPU.
