@@ -51,46 +51,73 @@ func (p *Pod) Request() packing.Request {
 // GPUMilliTotal is the pod's GPU request in milli-GPU.
 func (p *Pod) GPUMilliTotal() int64 { return int64(p.NumGPU) * int64(p.GPUMilli) }
 
+// The columns each file must have; others (a pod list's qos, pod_phase and
+// times) are read past. A pod list's gpu_spec is optional: the trace's
+// multigpu* lists have only the first five columns, and a missing gpu_spec
+// means any model, as an empty one does.
 var (
-	nodeHeader = []string{"sn", "cpu_milli", "memory_mib", "gpu", "model"}
-	podHeader  = []string{"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec",
-		"qos", "pod_phase", "creation_time", "deletion_time", "scheduled_time"}
+	nodeColumns = []string{"sn", "cpu_milli", "memory_mib", "gpu", "model"}
+	podColumns  = []string{"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"}
 )
 
-// table reads a CSV file with an exact header and reports errors as
-// file:line:column.
+// table reads a CSV file whose header names its columns, and reports
+// errors as file:line:column.
 type table struct {
 	path string
 	r    *csv.Reader
 	rec  []string
+	col  map[string]int // header name -> index
 }
 
-func openTable(path string, header []string) (*table, func() error, error) {
+// openTable opens path and checks that its header has every column of
+// required, each once. Columns may come in any order.
+func openTable(path string, required []string) (*table, func() error, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, nil, err // os names the path
 	}
 	r := csv.NewReader(f)
-	r.FieldsPerRecord = len(header)
+	r.FieldsPerRecord = 0 // every row as wide as the header
 	r.ReuseRecord = true
-	t := &table{path: path, r: r}
+	t := &table{path: path, r: r, col: map[string]int{}}
 	h, err := r.Read()
-	t.rec = h // with csv.ErrFieldCount, the record read comes with the error
+	t.rec = h
 	if err != nil {
 		f.Close()
 		return nil, nil, t.wrap(err)
 	}
-	for i := range header {
-		name := h[i]
+	for i, name := range h {
 		if i == 0 {
 			name = strings.TrimPrefix(name, "\ufeff")
 		}
-		if name != header[i] {
+		if prev, dup := t.col[name]; dup {
 			f.Close()
-			return nil, nil, t.errAt(i, "header column %d is %q, want %q (header %s)", i+1, h[i], header[i], strings.Join(header, ","))
+			return nil, nil, t.errAt(i, "header column %d repeats column %d (%q)", i+1, prev+1, name)
+		}
+		t.col[name] = i
+	}
+	var missing []string
+	for _, name := range required {
+		if _, ok := t.col[name]; !ok {
+			missing = append(missing, name)
 		}
 	}
+	if len(missing) > 0 {
+		f.Close()
+		return nil, nil, fmt.Errorf("%s:1: header %q lacks column(s) %s (want at least %s)",
+			path, strings.Join(h, ","), strings.Join(missing, ","), strings.Join(required, ","))
+	}
 	return t, f.Close, nil
+}
+
+// field returns the value of the named column in the current record, and
+// its index (-1 and "" when the file has no such column).
+func (t *table) field(name string) (string, int) {
+	i, ok := t.col[name]
+	if !ok {
+		return "", -1
+	}
+	return t.rec[i], i
 }
 
 // next reads one record; it returns io.EOF at the end.
@@ -125,9 +152,9 @@ func (t *table) errAt(col int, format string, args ...any) error {
 	return fmt.Errorf("%s:%d:%d: %s", t.path, line, c, fmt.Sprintf(format, args...))
 }
 
-// int reads column col as an integer in [lo, hi].
-func (t *table) int(col int, name string, lo, hi int64) (int64, error) {
-	s := t.rec[col]
+// int reads the named column as an integer in [lo, hi].
+func (t *table) int(name string, lo, hi int64) (int64, error) {
+	s, col := t.field(name)
 	v, err := strconv.ParseInt(s, 10, 64)
 	if err != nil {
 		return 0, t.errAt(col, "%s: %q is not an integer", name, s)
@@ -138,8 +165,9 @@ func (t *table) int(col int, name string, lo, hi int64) (int64, error) {
 	return v, nil
 }
 
-func (t *table) name(col int, what string, seen map[string]int) (string, error) {
-	s := t.rec[col]
+// name reads the named column as a unique name of a what.
+func (t *table) name(column, what string, seen map[string]int) (string, error) {
+	s, col := t.field(column)
 	if s == "" || strings.TrimSpace(s) != s {
 		return "", t.errAt(col, "%s: %q is empty or has surrounding spaces", what, s)
 	}
@@ -153,7 +181,7 @@ func (t *table) name(col int, what string, seen map[string]int) (string, error) 
 
 // LoadNodes reads a node list (sn,cpu_milli,memory_mib,gpu,model).
 func LoadNodes(path string) ([]Node, error) {
-	t, closeFn, err := openTable(path, nodeHeader)
+	t, closeFn, err := openTable(path, nodeColumns)
 	if err != nil {
 		return nil, err
 	}
@@ -167,23 +195,24 @@ func LoadNodes(path string) ([]Node, error) {
 			return nil, err
 		}
 		var n Node
-		if n.Name, err = t.name(0, "node", seen); err != nil {
+		if n.Name, err = t.name("sn", "node", seen); err != nil {
 			return nil, err
 		}
-		if n.CPUMilli, err = t.int(1, "cpu_milli", 0, 1<<40); err != nil {
+		if n.CPUMilli, err = t.int("cpu_milli", 0, 1<<40); err != nil {
 			return nil, err
 		}
-		if n.MemoryMiB, err = t.int(2, "memory_mib", 0, 1<<40); err != nil {
+		if n.MemoryMiB, err = t.int("memory_mib", 0, 1<<40); err != nil {
 			return nil, err
 		}
-		g, err := t.int(3, "gpu", 0, 1024)
+		g, err := t.int("gpu", 0, 1024)
 		if err != nil {
 			return nil, err
 		}
 		n.GPUs = int(g)
-		n.Model = t.rec[4]
+		var mcol int
+		n.Model, mcol = t.field("model")
 		if n.GPUs > 0 && n.Model == "" {
-			return nil, t.errAt(4, "model: empty for a node with %d GPUs", n.GPUs)
+			return nil, t.errAt(mcol, "model: empty for a node with %d GPUs", n.GPUs)
 		}
 		nodes = append(nodes, n)
 	}
@@ -196,7 +225,7 @@ func LoadNodes(path string) ([]Node, error) {
 // LoadPods reads a pod list. gpu_spec is empty (any model) or models
 // joined by "|", e.g. "V100M16|V100M32".
 func LoadPods(path string) ([]Pod, error) {
-	t, closeFn, err := openTable(path, podHeader)
+	t, closeFn, err := openTable(path, podColumns)
 	if err != nil {
 		return nil, err
 	}
@@ -210,36 +239,36 @@ func LoadPods(path string) ([]Pod, error) {
 			return nil, err
 		}
 		var p Pod
-		if p.Name, err = t.name(0, "pod", seen); err != nil {
+		if p.Name, err = t.name("name", "pod", seen); err != nil {
 			return nil, err
 		}
-		if p.CPUMilli, err = t.int(1, "cpu_milli", 0, 1<<40); err != nil {
+		if p.CPUMilli, err = t.int("cpu_milli", 0, 1<<40); err != nil {
 			return nil, err
 		}
-		if p.MemoryMiB, err = t.int(2, "memory_mib", 0, 1<<40); err != nil {
+		if p.MemoryMiB, err = t.int("memory_mib", 0, 1<<40); err != nil {
 			return nil, err
 		}
-		ng, err := t.int(3, "num_gpu", 0, 1024)
+		ng, err := t.int("num_gpu", 0, 1024)
 		if err != nil {
 			return nil, err
 		}
-		gm, err := t.int(4, "gpu_milli", 0, packing.MilliPerGPU)
+		gm, err := t.int("gpu_milli", 0, packing.MilliPerGPU)
 		if err != nil {
 			return nil, err
 		}
 		p.NumGPU, p.GPUMilli = int(ng), int(gm)
 		switch {
 		case p.NumGPU == 0 && p.GPUMilli != 0:
-			return nil, t.errAt(4, "gpu_milli: %d with num_gpu 0", p.GPUMilli)
+			return nil, t.errAt(t.col["gpu_milli"], "gpu_milli: %d with num_gpu 0", p.GPUMilli)
 		case p.NumGPU > 0 && p.GPUMilli == 0:
-			return nil, t.errAt(4, "gpu_milli: 0 with num_gpu %d", p.NumGPU)
+			return nil, t.errAt(t.col["gpu_milli"], "gpu_milli: 0 with num_gpu %d", p.NumGPU)
 		case p.NumGPU > 1 && p.GPUMilli != packing.MilliPerGPU:
-			return nil, t.errAt(4, "gpu_milli: %d with num_gpu %d (only a single-GPU pod may take a fraction)", p.GPUMilli, p.NumGPU)
+			return nil, t.errAt(t.col["gpu_milli"], "gpu_milli: %d with num_gpu %d (only a single-GPU pod may take a fraction)", p.GPUMilli, p.NumGPU)
 		}
-		if spec := t.rec[5]; spec != "" {
+		if spec, scol := t.field("gpu_spec"); spec != "" {
 			for _, m := range strings.Split(spec, "|") {
 				if m == "" || strings.TrimSpace(m) != m {
-					return nil, t.errAt(5, "gpu_spec: %q has an empty or padded model name (want models joined by |)", spec)
+					return nil, t.errAt(scol, "gpu_spec: %q has an empty or padded model name (want models joined by |)", spec)
 				}
 				p.Models = append(p.Models, m)
 			}

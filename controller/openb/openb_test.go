@@ -30,7 +30,9 @@ func TestLoadBadFiles(t *testing.T) {
 		name, body, want string
 		pods             bool
 	}{
-		{"header", "sn,cpu,memory_mib,gpu,model\n", "nodes.csv:1:4: header column 2 is \"cpu\"", false},
+		{"header", "sn,cpu,memory_mib,gpu,model\n", "nodes.csv:1: header \"sn,cpu,memory_mib,gpu,model\" lacks column(s) cpu_milli (want at least sn,cpu_milli,memory_mib,gpu,model)", false},
+		{"dupColumn", "sn,cpu_milli,memory_mib,gpu,model,gpu\n", "nodes.csv:1:35: header column 6 repeats column 4 (\"gpu\")", false},
+		{"podColumns", "name,cpu_milli,num_gpu\np0,1,1\n", "lacks column(s) memory_mib,gpu_milli", true},
 		{"fields", nodeHdr + "n0,1000,10,2\n", "nodes.csv:2:1: wrong number of fields", false},
 		{"int", nodeHdr + "n0,1000,10,2,T4\nn1,lots,10,2,T4\n", "nodes.csv:3:4: cpu_milli: \"lots\" is not an integer", false},
 		{"negative", nodeHdr + "n0,1000,-1,2,T4\n", "nodes.csv:2:9: memory_mib: -1 is out of range", false},
@@ -276,4 +278,48 @@ func BenchmarkOpenB(b *testing.B) {
 		rate = res.GPUAllocationRate
 	}
 	b.ReportMetric(100*rate, "alloc%")
+}
+
+// The trace's multigpu* pod lists have only the first five columns, and a
+// file may order its columns as it likes: columns are found by name.
+func TestLoadColumnsByName(t *testing.T) {
+	five := write(t, "pods.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,1,500\np1,2000,20,8,1000\n")
+	pods, err := LoadPods(five)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Pod{
+		{Name: "p0", CPUMilli: 1000, MemoryMiB: 10, NumGPU: 1, GPUMilli: 500},
+		{Name: "p1", CPUMilli: 2000, MemoryMiB: 20, NumGPU: 8, GPUMilli: 1000},
+	}
+	if !slices.EqualFunc(pods, want, podEqual) {
+		t.Fatalf("five columns: got %+v, want %+v", pods, want)
+	}
+	moved := write(t, "pods.csv", "gpu_spec,gpu_milli,num_gpu,memory_mib,cpu_milli,name,extra\nT4|P100,500,1,10,1000,p0,x\n")
+	pods, err = LoadPods(moved)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = []Pod{{Name: "p0", CPUMilli: 1000, MemoryMiB: 10, NumGPU: 1, GPUMilli: 500, Models: []string{"T4", "P100"}}}
+	if !slices.EqualFunc(pods, want, podEqual) {
+		t.Fatalf("reordered columns: got %+v, want %+v", pods, want)
+	}
+	// An error still points at the right column of a reordered file.
+	bad := write(t, "pods.csv", "gpu_milli,name,cpu_milli,memory_mib,num_gpu\n1200,p0,1,1,1\n")
+	if _, err := LoadPods(bad); err == nil || !strings.Contains(err.Error(), "pods.csv:2:1: gpu_milli: 1200 is out of range") {
+		t.Fatalf("error %v; want it to point at line 2 column 1", err)
+	}
+	nodes := write(t, "nodes.csv", "model,gpu,memory_mib,cpu_milli,sn\nT4,2,100,8000,n0\n,0,100,8000,cpu-only\n")
+	ns, err := LoadNodes(nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ns) != 2 || ns[0] != (Node{Name: "n0", CPUMilli: 8000, MemoryMiB: 100, GPUs: 2, Model: "T4"}) || ns[1].GPUs != 0 {
+		t.Fatalf("reordered nodes: got %+v", ns)
+	}
+}
+
+func podEqual(a, b Pod) bool {
+	return a.Name == b.Name && a.CPUMilli == b.CPUMilli && a.MemoryMiB == b.MemoryMiB &&
+		a.NumGPU == b.NumGPU && a.GPUMilli == b.GPUMilli && slices.Equal(a.Models, b.Models)
 }
