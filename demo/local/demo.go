@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -37,6 +36,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/demo/examples"
 	"github.com/tessera-gpu/tessera/deploy/rbac"
+	"github.com/tessera-gpu/tessera/internal/childproc"
 	"github.com/tessera-gpu/tessera/test/controlplane"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
@@ -93,7 +93,7 @@ type demo struct {
 	dyn    dynamic.Interface
 	mapper *restmapper.DeferredDiscoveryRESTMapper
 	work   string // temp dir: tessera-node dirs, child logs
-	procs  []*child
+	procs  []*childproc.Process
 	metric string // controller metrics address
 }
 
@@ -302,7 +302,7 @@ func (d *demo) startNodes(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		d.logf("node %s: kwok node + tessera-node --fake-gpus=%s (pid %d)", n.Name, n.Profile, p.cmd.Process.Pid)
+		d.logf("node %s: kwok node + tessera-node --fake-gpus=%s (pid %d)", n.Name, n.Profile, p.Cmd.Process.Pid)
 		want += profileGPUs(n.Profile)
 	}
 	d.logf("waiting for the ResourceSlices (%d GPUs)", want)
@@ -357,9 +357,9 @@ func (d *demo) startController() error {
 	if err != nil {
 		return err
 	}
-	d.logf("tessera-controller running as %s (pid %d, metrics http://%s/metrics)", user, p.cmd.Process.Pid, metrics)
+	d.logf("tessera-controller running as %s (pid %d, metrics http://%s/metrics)", user, p.Cmd.Process.Pid, metrics)
 	return d.poll(context.Background(), 60*time.Second, "tessera-controller ready", func() (bool, string) {
-		if done, _ := p.exited(); done {
+		if done, _ := p.Exited(); done {
 			return false, "exited"
 		}
 		resp, err := http.Get("http://" + health + "/readyz")
@@ -486,8 +486,8 @@ func (d *demo) poll(ctx context.Context, timeout time.Duration, what string, con
 			return nil
 		}
 		for _, p := range d.procs {
-			if done, werr := p.exited(); done {
-				return fmt.Errorf("%s exited (%v) while waiting for %s; its log:\n%s", p.name, werr, what, p.tail(30))
+			if done, werr := p.Exited(); done {
+				return fmt.Errorf("%s exited (%v) while waiting for %s; its log:\n%s", p.Name, werr, what, p.Tail(30))
 			}
 		}
 		if time.Now().After(deadline) {
@@ -697,7 +697,7 @@ func sortedKeys[V any](m map[string]V) []string {
 func (d *demo) teardown(failed bool) {
 	d.logf("tearing down: tessera-controller, tessera-node ×%d, kwok, control plane", max(len(d.procs)-1, 0))
 	for i := len(d.procs) - 1; i >= 0; i-- {
-		d.procs[i].stop()
+		d.procs[i].Stop(15 * time.Second)
 	}
 	if d.cp != nil {
 		d.cp.Stop(failed)
@@ -710,69 +710,15 @@ func (d *demo) teardown(failed bool) {
 	d.logf("done: no processes left")
 }
 
-// child is a process the demo started, in its own process group, killed
-// with the demo (Pdeathsig).
-type child struct {
-	name    string
-	cmd     *exec.Cmd
-	logPath string
-	done    chan struct{}
-	err     error
-}
-
-func (d *demo) startChild(name, binary string, args ...string) (*child, error) {
-	logPath := filepath.Join(d.work, name+".log")
-	f, err := os.Create(logPath)
+// startChild starts a process of the demo in its own process group, killed
+// with the demo (Pdeathsig), its output in the work folder.
+func (d *demo) startChild(name, binary string, args ...string) (*childproc.Process, error) {
+	c, err := childproc.Start(d.work, name, binary, args, nil)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(binary, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("starting %s: %w", name, err)
-	}
-	c := &child{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
-	go func() {
-		c.err = cmd.Wait()
-		f.Close()
-		close(c.done)
-	}()
 	d.procs = append(d.procs, c)
 	return c, nil
-}
-
-func (c *child) exited() (bool, error) {
-	select {
-	case <-c.done:
-		return true, c.err
-	default:
-		return false, nil
-	}
-}
-
-func (c *child) stop() {
-	if done, _ := c.exited(); done {
-		return
-	}
-	pgid := c.cmd.Process.Pid
-	_ = syscall.Kill(-pgid, syscall.SIGTERM)
-	select {
-	case <-c.done:
-	case <-time.After(15 * time.Second):
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
-		<-c.done
-	}
-}
-
-func (c *child) tail(n int) string {
-	data, _ := os.ReadFile(c.logPath)
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 // tbCall runs f, a harness helper written for tests, with a testing.TB

@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tessera-gpu/tessera/test/internal/childproc"
+	"github.com/tessera-gpu/tessera/internal/childproc"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

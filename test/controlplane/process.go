@@ -7,7 +7,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/tessera-gpu/tessera/test/internal/childproc"
+	"github.com/tessera-gpu/tessera/internal/childproc"
 )
 
 // process is one child of the harness (etcd, kube-apiserver, ...). Its

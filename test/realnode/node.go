@@ -25,8 +25,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/internal/childproc"
 	"github.com/tessera-gpu/tessera/test/controlplane"
-	"github.com/tessera-gpu/tessera/test/internal/childproc"
 )
 
 // Options tune the node. The zero value is a node named "tessera-real".

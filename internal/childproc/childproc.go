@@ -1,7 +1,8 @@
-// Package childproc runs the test cluster's child processes (etcd, the
-// control-plane binaries, kwok, containerd, the kubelet): each in its own
-// process group with its output in a log file, stopped by SIGTERM then
-// SIGKILL, and never outliving the test binary.
+// Package childproc runs the child processes of the test cluster and of the
+// local demo (etcd, the control-plane binaries, kwok, containerd, the
+// kubelet, tessera-node, tessera-controller): each in its own process group
+// with its output in a log file, stopped by SIGTERM then SIGKILL, and never
+// outliving its parent.
 package childproc
 
 import (
