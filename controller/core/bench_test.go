@@ -69,6 +69,10 @@ func TestBenchSnapshotsDoWhatTheySay(t *testing.T) {
 	if len(r.Binds) != 8000 {
 		t.Fatalf("allocate: %d binds, want 8000", len(r.Binds))
 	}
+	r = mustSchedule(t, withPodSlots(benchAllocateSnapshot(1000, 8, 10000)), Config{})
+	if len(r.Binds) != 8000 {
+		t.Fatalf("allocate with pod slots: %d binds, want 8000", len(r.Binds))
+	}
 	r = mustSchedule(t, benchGangSnapshot(1000), Config{})
 	if countBinds(r, "gang") != 64 || len(r.Evictions) != 512 {
 		t.Fatalf("gang: %d binds, %d evictions; want 64 and 512", countBinds(r, "gang"), len(r.Evictions))
@@ -93,6 +97,27 @@ func benchSchedule(b *testing.B, s *Snapshot) {
 // 10,000 pending one-GPU pods (target ≤ 200 ms).
 func BenchmarkCycle1000x8Allocate10000(b *testing.B) {
 	benchSchedule(b, benchAllocateSnapshot(1000, 8, 10000))
+}
+
+// BenchmarkCycle1000x8Allocate10000PodSlots: the same with pod slots, as
+// the Kubernetes adapter builds every snapshot (nodes hold "pods": 110,
+// each pod asks one): the price of checking other resources, against the
+// benchmark above in the same run.
+func BenchmarkCycle1000x8Allocate10000PodSlots(b *testing.B) {
+	benchSchedule(b, withPodSlots(benchAllocateSnapshot(1000, 8, 10000)))
+}
+
+// withPodSlots gives every node 110 pod slots and every pod one.
+func withPodSlots(s *Snapshot) *Snapshot {
+	for i := range s.Nodes {
+		s.Nodes[i].Other = map[string]int64{"pods": 110}
+	}
+	for i := range s.Jobs {
+		for k := range s.Jobs[i].Pods {
+			s.Jobs[i].Pods[k].Request.Other = map[string]int64{"pods": 1}
+		}
+	}
+	return s
 }
 
 // BenchmarkReclaimGang512At1000Full: one pending 512-GPU gang at 1,000 full

@@ -70,6 +70,13 @@ type Node struct {
 	GPUs   []GPU
 	// Unschedulable nodes keep their pods but receive no new ones.
 	Unschedulable bool
+	// Other is what the node can hold of other resources pods ask for
+	// (pod count, ephemeral storage, hugepages, extended resources such as
+	// another vendor's device-plugin resource), allocatable amounts in each
+	// resource's own units, including what pods already placed here use. A
+	// pod asking for a resource the node does not list does not fit it.
+	// These resources only gate placement; queues do not account them.
+	Other map[string]int64
 }
 
 // GPU is one device on a node.
@@ -172,6 +179,8 @@ type Request struct {
 	NVLink NVLinkPolicy
 	CPU    int64 // milli-CPU
 	Memory int64 // bytes
+	// Other asks for resources of Node.Other, by name.
+	Other map[string]int64
 }
 
 // IsFraction reports whether the request is a share of one GPU.

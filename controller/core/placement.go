@@ -93,7 +93,8 @@ func sameState(a, b *nodeState) bool {
 	if a.empty() && b.empty() {
 		return true // the common case, without the per-GPU walk
 	}
-	if a.cpu != b.cpu || a.mem != b.mem || a.usedCPU != b.usedCPU || a.usedMem != b.usedMem || len(a.gpus) != len(b.gpus) {
+	if a.cpu != b.cpu || a.mem != b.mem || a.usedCPU != b.usedCPU || a.usedMem != b.usedMem || len(a.gpus) != len(b.gpus) ||
+		!slices.Equal(a.usedOther, b.usedOther) {
 		return false
 	}
 	for i := range a.gpus {
@@ -107,7 +108,7 @@ func sameState(a, b *nodeState) bool {
 }
 
 func (n *nodeState) empty() bool {
-	return n.freeWhole == len(n.gpus) && n.usedCPU == 0 && n.usedMem == 0
+	return n.freeWhole == len(n.gpus) && n.usedCPU == 0 && n.usedMem == 0 && !slices.ContainsFunc(n.usedOther, func(v int64) bool { return v != 0 })
 }
 
 func (s *session) refined(p *podState, pl *plan) float64 {
@@ -131,6 +132,7 @@ const (
 	failFraction
 	failCPU
 	failMemory
+	failOther
 )
 
 // staticFit checks what does not depend on usage.
@@ -165,6 +167,11 @@ func staticFit(p *podState, n *nodeState) failKind {
 			return failFeasible
 		}
 	}
+	for i, v := range p.other {
+		if v > n.other[i] {
+			return failOther // more than the node holds: no eviction helps
+		}
+	}
 	return fitOK
 }
 
@@ -189,6 +196,9 @@ func fitOnNode(p *podState, n *nodeState) (pl *plan, why failKind, nvBest int) {
 	}
 	if n.usedMem+r.Memory > n.mem {
 		return nil, failMemory, 0
+	}
+	if ok, _ := otherFits(p, n); !ok {
+		return nil, failOther, 0
 	}
 	switch {
 	case r.GPUs > 0:
@@ -337,6 +347,11 @@ func (s *session) bestNode(p *podState) *plan {
 		if n.freeWhole < r.GPUs || n.usedCPU+r.CPU > n.cpu || n.usedMem+r.Memory > n.mem {
 			continue
 		}
+		if p.other != nil {
+			if ok, _ := otherFits(p, n); !ok {
+				continue
+			}
+		}
 		if n.unschedulable || (len(p.selector) > 0 && staticFit(p, n) != fitOK) {
 			continue
 		}
@@ -384,6 +399,10 @@ func (s *session) whyNot(p *podState) string {
 	counts := map[failKind]int{}
 	nvBest, maxWhole := 0, 0
 	var maxFreeCPU, maxFreeMem int64
+	var maxFreeOther []int64 // indexed like p.other
+	if p.other != nil {
+		maxFreeOther = make([]int64, len(p.other))
+	}
 	for _, n := range s.nodes {
 		_, why, nv := fitOnNode(p, n)
 		counts[why]++
@@ -401,6 +420,9 @@ func (s *session) whyNot(p *podState) string {
 			maxWhole = max(maxWhole, free)
 			maxFreeCPU = max(maxFreeCPU, n.cpu-n.usedCPU)
 			maxFreeMem = max(maxFreeMem, n.mem-n.usedMem)
+			for i := range maxFreeOther {
+				maxFreeOther[i] = max(maxFreeOther[i], n.other[i]-n.usedOther[i])
+			}
 		}
 	}
 	r := &p.req
@@ -430,7 +452,20 @@ func (s *session) whyNot(p *podState) string {
 		return fmt.Sprintf("needs %s (%s); no GPU has that much free without mixing sharing modes", what, r.Sharing)
 	case counts[failCPU] > 0:
 		return fmt.Sprintf("needs %s; the most free on any node is %s", formatAmount(ResCPU, r.CPU), formatAmount(ResCPU, maxFreeCPU))
-	default:
+	case counts[failMemory] > 0:
 		return fmt.Sprintf("needs %s; the most free on any node is %s", formatAmount(ResMemory, r.Memory), formatAmount(ResMemory, maxFreeMem))
+	default:
+		var asks []string
+		for i, v := range p.other {
+			if v == 0 {
+				continue
+			}
+			name := s.otherNames[i]
+			if v > maxFreeOther[i] {
+				return fmt.Sprintf("needs %d %s; the most free on any node is %d", v, name, maxFreeOther[i])
+			}
+			asks = append(asks, fmt.Sprintf("%d %s", v, name))
+		}
+		return fmt.Sprintf("needs %s; no node has all of it free", strings.Join(asks, " and "))
 	}
 }

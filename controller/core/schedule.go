@@ -120,6 +120,7 @@ func (s *session) export(p *podState) Placement {
 // made right away. Only nodes with evictions need it.
 type transit struct {
 	cpu, mem int64
+	other    []int64    // like nodeState.usedOther
 	gpus     []gpuState // usedMilli, usedMem, pods, sharing
 }
 
@@ -136,7 +137,7 @@ func (s *session) markPipelined(res *Result, bound []*podState) {
 		}
 		// Start from the final state, take the binds out, put the
 		// victims back.
-		t := &transit{cpu: n.usedCPU, mem: n.usedMem, gpus: slices.Clone(n.gpus)}
+		t := &transit{cpu: n.usedCPU, mem: n.usedMem, other: slices.Clone(n.usedOther), gpus: slices.Clone(n.gpus)}
 		for _, p := range bound {
 			if p.node == n {
 				t.remove(p)
@@ -146,6 +147,9 @@ func (s *session) markPipelined(res *Result, bound []*podState) {
 			if v.origNode == n && !v.atOrig {
 				t.cpu += v.req.CPU
 				t.mem += v.req.Memory
+				for i, x := range v.other {
+					t.other[i] += x
+				}
 				for i, gi := range v.origGPUs {
 					g := &t.gpus[gi]
 					g.pods++
@@ -178,6 +182,9 @@ func (s *session) markPipelined(res *Result, bound []*podState) {
 func (t *transit) remove(p *podState) {
 	t.cpu -= p.req.CPU
 	t.mem -= p.req.Memory
+	for i, x := range p.other {
+		t.other[i] -= x
+	}
 	for i, gi := range p.gpus {
 		g := &t.gpus[gi]
 		g.pods--
@@ -192,6 +199,9 @@ func (t *transit) remove(p *podState) {
 func (t *transit) add(p *podState) {
 	t.cpu += p.req.CPU
 	t.mem += p.req.Memory
+	for i, x := range p.other {
+		t.other[i] += x
+	}
 	for i, gi := range p.gpus {
 		g := &t.gpus[gi]
 		g.pods++
@@ -206,6 +216,11 @@ func (t *transit) fits(p *podState) bool {
 	n := p.node
 	if t.cpu+p.req.CPU > n.cpu || t.mem+p.req.Memory > n.mem {
 		return false
+	}
+	for i, x := range p.other {
+		if x > 0 && t.other[i]+x > n.other[i] {
+			return false
+		}
 	}
 	for i, gi := range p.gpus {
 		g := &t.gpus[gi]

@@ -29,8 +29,11 @@ type nodeState struct {
 	usedCPU       int64
 	usedMem       int64
 	gpus          []gpuState
-	freeWhole     int   // GPUs with no pod at all
-	freeMilli     int64 // Σ (1000 - usedMilli)
+	// other and usedOther are Node.Other and its use, indexed like
+	// session.otherNames; nil when no node or pod has other resources.
+	other, usedOther []int64
+	freeWhole        int   // GPUs with no pod at all
+	freeMilli        int64 // Σ (1000 - usedMilli)
 	// pods placed here at the cycle's start, in victim order.
 	victims []*podState
 	// seen marks the node as evaluated in the current victim search.
@@ -48,6 +51,9 @@ type podState struct {
 	req      Request
 	selector map[string]string
 	models   []string
+	// other is req.Other indexed like session.otherNames; nil when the pod
+	// asks for none.
+	other    []int64
 	feasible func(node string, gpu int) bool
 	pinned   bool
 	phase    PodPhase
@@ -150,6 +156,9 @@ type session struct {
 	failCache map[string]failEntry
 	freeEpoch int
 	shapes    map[string]int // node shapes, see nodeShape
+	// otherNames lists, sorted, every resource of Node.Other and
+	// Request.Other in the snapshot.
+	otherNames []string
 }
 
 type failEntry struct {
@@ -195,6 +204,9 @@ func (s *session) place(p *podState, n *nodeState, gpus []int, milli, mem []int6
 	p.atOrig = n == p.origNode && slices.Equal(gpus, p.origGPUs)
 	n.usedCPU += p.req.CPU
 	n.usedMem += p.req.Memory
+	for i, v := range p.other {
+		n.usedOther[i] += v
+	}
 	if !n.unschedulable {
 		s.free[ResCPU] -= p.req.CPU
 		s.free[ResMemory] -= p.req.Memory
@@ -227,6 +239,9 @@ func (s *session) unplace(p *podState) {
 	n := p.node
 	n.usedCPU -= p.req.CPU
 	n.usedMem -= p.req.Memory
+	for i, v := range p.other {
+		n.usedOther[i] -= v
+	}
 	if !n.unschedulable {
 		s.free[ResCPU] += p.req.CPU
 		s.free[ResMemory] += p.req.Memory
@@ -280,6 +295,8 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 		return nil, fmt.Errorf("config: unknown placement policy %q (binpack or spread)", cfg.Placement)
 	}
 
+	s.otherNames = otherNames(snap)
+
 	// Nodes, sorted by name so that every tie breaks the same way.
 	nodes := slices.Clone(snap.Nodes)
 	slices.SortFunc(nodes, func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
@@ -289,6 +306,10 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 			return nil, fmt.Errorf("node %q: listed twice", n.Name)
 		}
 		ns := &nodeState{idx: i, name: n.Name, labels: n.Labels, unschedulable: n.Unschedulable, cpu: n.CPU, mem: n.Memory}
+		if len(s.otherNames) > 0 {
+			ns.other = s.otherVector(n.Other)
+			ns.usedOther = make([]int64, len(s.otherNames))
+		}
 		gpus := slices.Clone(n.GPUs)
 		slices.SortFunc(gpus, func(a, b GPU) int { return a.Index - b.Index })
 		for k, g := range gpus {
@@ -442,6 +463,14 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 		r.NVLink = NVLinkPreferred
 	}
 	ps := &podState{name: p.Name, job: j, req: r, selector: p.NodeSelector, models: p.GPUModels, feasible: p.Feasible, pinned: p.Pinned, phase: p.Phase, rank: -1, lastOp: -1}
+	for name, v := range r.Other {
+		if v < 0 {
+			return nil, fmt.Errorf("request: %s: %d is negative", name, v)
+		}
+		if v > 0 && ps.other == nil {
+			ps.other = s.otherVector(r.Other)
+		}
+	}
 	ps.res[ResCPU], ps.res[ResMemory] = r.CPU, r.Memory
 	switch {
 	case r.GPUs > 0:
@@ -498,7 +527,7 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 // domain), giving alike nodes one number.
 func (s *session) nodeShape(n *nodeState) int {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d/%d", n.cpu, n.mem)
+	fmt.Fprintf(&b, "%d/%d/%v", n.cpu, n.mem, n.other)
 	for i := range n.gpus {
 		g := &n.gpus[i]
 		fmt.Fprintf(&b, "|%s/%d/%q", g.model, g.memory, g.domain)
@@ -562,7 +591,7 @@ func (s *session) resolvePlacement(p *podState, in *Placement) (*plan, error) {
 func shapeKey(p *podState) string {
 	var b strings.Builder
 	r := p.req
-	fmt.Fprintf(&b, "%d/%d/%d/%s/%s/%d/%d|", r.GPUs, r.GPUMilli, r.GPUMemory, r.Sharing, r.NVLink, r.CPU, r.Memory)
+	fmt.Fprintf(&b, "%d/%d/%d/%s/%s/%d/%d/%v|", r.GPUs, r.GPUMilli, r.GPUMemory, r.Sharing, r.NVLink, r.CPU, r.Memory, p.other)
 	keys := make([]string, 0, len(p.selector))
 	for k := range p.selector {
 		keys = append(keys, k)
@@ -577,4 +606,51 @@ func shapeKey(p *podState) string {
 		b.WriteString("|feasible:" + p.name)
 	}
 	return b.String()
+}
+
+// otherNames collects, sorted, the names of the other resources the
+// snapshot's nodes hold and its pods ask for.
+func otherNames(snap *Snapshot) []string {
+	set := map[string]bool{}
+	for i := range snap.Nodes {
+		for name := range snap.Nodes[i].Other {
+			set[name] = true
+		}
+	}
+	for i := range snap.Jobs {
+		for k := range snap.Jobs[i].Pods {
+			for name := range snap.Jobs[i].Pods[k].Request.Other {
+				set[name] = true
+			}
+		}
+	}
+	if len(set) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(set))
+	for name := range set {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// otherVector indexes amounts by session.otherNames.
+func (s *session) otherVector(m map[string]int64) []int64 {
+	v := make([]int64, len(s.otherNames))
+	for i, name := range s.otherNames {
+		v[i] = m[name]
+	}
+	return v
+}
+
+// otherFits reports whether n has room for what p asks of other resources;
+// when not, it also returns the position of the first one short.
+func otherFits(p *podState, n *nodeState) (bool, int) {
+	for i, v := range p.other {
+		if v > 0 && n.usedOther[i]+v > n.other[i] {
+			return false, i
+		}
+	}
+	return true, -1
 }

@@ -99,7 +99,7 @@ func (s *Scheduler) translatePod(pod *v1.Pod) *podEntry {
 	if err == nil {
 		gr, gerr := podGPURequest(claims, s.getClass)
 		e.req, e.err, e.tessera = gr.req, gerr, gr.tessera
-		e.req.CPU, e.req.Memory = podCPUMemory(pod)
+		e.req.CPU, e.req.Memory, e.req.Other = podResources(pod)
 	}
 	s.podCache[pod.UID] = e
 	return e
@@ -176,6 +176,7 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 			CPU:           n.Status.Allocatable.Cpu().MilliValue(),
 			Memory:        n.Status.Allocatable.Memory().Value(),
 			Unschedulable: n.Spec.Unschedulable || !nodeReady(n),
+			Other:         nodeOther(n),
 		}
 		if g != nil {
 			cn.GPUs = g.gpus

@@ -10,6 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
+	resourcehelper "k8s.io/component-helpers/resource"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
 	gpuconfig "github.com/tessera-gpu/tessera/api/config/v1alpha1"
@@ -314,28 +315,41 @@ func allocatedPlacement(node string, claims []*resourceapi.ResourceClaim, gpus *
 	return sorted
 }
 
-// podCPUMemory is the pod's effective CPU (milli) and memory (bytes) request:
-// the larger of the sum over containers and the largest init container, plus
-// overhead, as kube-scheduler counts it.
-func podCPUMemory(pod *v1.Pod) (cpu, mem int64) {
-	for _, c := range pod.Spec.Containers {
-		cpu += c.Resources.Requests.Cpu().MilliValue()
-		mem += c.Resources.Requests.Memory().Value()
-	}
-	for _, c := range pod.Spec.InitContainers {
-		if c.RestartPolicy != nil && *c.RestartPolicy == v1.ContainerRestartPolicyAlways {
-			cpu += c.Resources.Requests.Cpu().MilliValue() // sidecars run alongside
-			mem += c.Resources.Requests.Memory().Value()
-			continue
+// podResources is the pod's effective request as kube-scheduler counts it
+// (component-helpers' PodRequests: the larger of the containers' sum and
+// the largest init container, sidecars alongside, overhead, pod-level
+// resources, and what an in-place resize has allocated): CPU in milli,
+// memory in bytes, and every other resource (ephemeral storage, hugepages,
+// extended resources) in its own units, plus one "pods" slot, so that the
+// core places a pod only where the kubelet will admit it.
+func podResources(pod *v1.Pod) (cpu, mem int64, other map[string]int64) {
+	reqs := resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{UseStatusResources: true})
+	other = map[string]int64{string(v1.ResourcePods): 1}
+	for name, q := range reqs {
+		switch name {
+		case v1.ResourceCPU:
+			cpu = q.MilliValue()
+		case v1.ResourceMemory:
+			mem = q.Value()
+		default:
+			if v := q.Value(); v > 0 {
+				other[string(name)] = v
+			}
 		}
-		cpu = max(cpu, c.Resources.Requests.Cpu().MilliValue())
-		mem = max(mem, c.Resources.Requests.Memory().Value())
 	}
-	if pod.Spec.Overhead != nil {
-		cpu += pod.Spec.Overhead.Cpu().MilliValue()
-		mem += pod.Spec.Overhead.Memory().Value()
+	return cpu, mem, other
+}
+
+// nodeOther is what the node can hold of the resources podResources puts
+// in other.
+func nodeOther(n *v1.Node) map[string]int64 {
+	out := make(map[string]int64, len(n.Status.Allocatable))
+	for name, q := range n.Status.Allocatable {
+		if name != v1.ResourceCPU && name != v1.ResourceMemory {
+			out[string(name)] = q.Value()
+		}
 	}
-	return cpu, mem
+	return out
 }
 
 // queueFromObject turns a Queue object into the core's queue with DESIGN.md's

@@ -153,12 +153,69 @@ func TestToleratesAll(t *testing.T) {
 	assert.True(t, toleratesAll(nil, nil))
 }
 
-func TestPodCPUMemory(t *testing.T) {
-	pod := &v1.Pod{Spec: v1.PodSpec{
-		Containers:     []v1.Container{{Resources: v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("1"), v1.ResourceMemory: resource.MustParse("1Gi")}}}, {Resources: v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("500m")}}}},
-		InitContainers: []v1.Container{{Resources: v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("4")}}}},
-	}}
-	cpu, mem := podCPUMemory(pod)
-	assert.Equal(t, int64(4000), cpu, "an init container's larger request wins")
-	assert.Equal(t, int64(1<<30), mem)
+func TestPodResources(t *testing.T) {
+	rl := func(kv ...string) v1.ResourceList {
+		out := v1.ResourceList{}
+		for i := 0; i < len(kv); i += 2 {
+			out[v1.ResourceName(kv[i])] = resource.MustParse(kv[i+1])
+		}
+		return out
+	}
+	always := v1.ContainerRestartPolicyAlways
+	cases := []struct {
+		name      string
+		spec      v1.PodSpec
+		cpu, mem  int64
+		wantOther map[string]int64
+	}{
+		{
+			name: "an init container's larger request wins",
+			spec: v1.PodSpec{
+				Containers:     []v1.Container{{Resources: v1.ResourceRequirements{Requests: rl("cpu", "1", "memory", "1Gi")}}, {Resources: v1.ResourceRequirements{Requests: rl("cpu", "500m")}}},
+				InitContainers: []v1.Container{{Resources: v1.ResourceRequirements{Requests: rl("cpu", "4")}}},
+			},
+			cpu: 4000, mem: 1 << 30, wantOther: map[string]int64{"pods": 1},
+		},
+		{
+			name: "sidecars run alongside; overhead counts",
+			spec: v1.PodSpec{
+				Containers:     []v1.Container{{Resources: v1.ResourceRequirements{Requests: rl("cpu", "1")}}},
+				InitContainers: []v1.Container{{RestartPolicy: &always, Resources: v1.ResourceRequirements{Requests: rl("cpu", "250m")}}},
+				Overhead:       rl("cpu", "100m"),
+			},
+			cpu: 1350, wantOther: map[string]int64{"pods": 1},
+		},
+		{
+			name: "extended resources, hugepages and ephemeral storage",
+			spec: v1.PodSpec{Containers: []v1.Container{
+				{Resources: v1.ResourceRequirements{Requests: rl("example.com/widget", "2", "hugepages-2Mi", "4Mi", "ephemeral-storage", "1Gi")}},
+				{Resources: v1.ResourceRequirements{Requests: rl("example.com/widget", "1")}},
+			}},
+			wantOther: map[string]int64{"pods": 1, "example.com/widget": 3, "hugepages-2Mi": 4 << 20, "ephemeral-storage": 1 << 30},
+		},
+		{
+			name: "pod-level requests",
+			spec: v1.PodSpec{
+				Resources:  &v1.ResourceRequirements{Requests: rl("cpu", "3", "memory", "2Gi")},
+				Containers: []v1.Container{{Resources: v1.ResourceRequirements{Requests: rl("cpu", "1")}}},
+			},
+			cpu: 3000, mem: 2 << 30, wantOther: map[string]int64{"pods": 1},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cpu, mem, other := podResources(&v1.Pod{Spec: c.spec})
+			assert.Equal(t, c.cpu, cpu, "cpu")
+			assert.Equal(t, c.mem, mem, "memory")
+			assert.Equal(t, c.wantOther, other)
+		})
+	}
+}
+
+func TestNodeOther(t *testing.T) {
+	n := &v1.Node{Status: v1.NodeStatus{Allocatable: v1.ResourceList{
+		v1.ResourceCPU: resource.MustParse("8"), v1.ResourceMemory: resource.MustParse("1Gi"),
+		v1.ResourcePods: resource.MustParse("110"), "nvidia.com/gpu": resource.MustParse("4"),
+	}}}
+	assert.Equal(t, map[string]int64{"pods": 110, "nvidia.com/gpu": 4}, nodeOther(n))
 }

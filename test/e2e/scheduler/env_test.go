@@ -182,8 +182,9 @@ type podSpec struct {
 	group    string // PodGroup
 	claim    *gpuClaim
 	cpu      string
-	tolerate string // a NoSchedule taint key to tolerate
-	nicClass string // a second claim, for one device of this (other driver's) class
+	tolerate string          // a NoSchedule taint key to tolerate
+	nicClass string          // a second claim, for one device of this (other driver's) class
+	limits   v1.ResourceList // e.g. an extended resource (requests default to limits)
 }
 
 func (e *env) createPod(p podSpec) *v1.Pod {
@@ -209,6 +210,7 @@ func (e *env) createPod(p podSpec) *v1.Pod {
 	if p.cpu != "" {
 		pod.Spec.Containers[0].Resources.Requests = v1.ResourceList{v1.ResourceCPU: resource.MustParse(p.cpu)}
 	}
+	pod.Spec.Containers[0].Resources.Limits = p.limits
 	if c := p.claim; c != nil {
 		tmpl := e.claimTemplate(p.name, *c)
 		pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmpl}}

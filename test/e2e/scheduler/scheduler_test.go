@@ -2,18 +2,19 @@ package scheduler_test
 
 import (
 	"fmt"
-	policyv1 "k8s.io/api/policy/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"slices"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/controller/core"
@@ -380,6 +381,42 @@ func TestConstraints(t *testing.T) {
 		e.waitBound("tolerating")
 		if n := e.pod("tolerating").Spec.NodeName; n != "dedicated" {
 			t.Fatalf("tolerating pod on %s", n)
+		}
+	})
+
+	// Extended resources (here one a device plugin would advertise) gate
+	// placement as in kube-scheduler: a pod goes only where the kubelet
+	// would admit it, and waits, saying why, when no node has room.
+	t.Run("extended resources", func(t *testing.T) {
+		const widget = v1.ResourceName("example.com/widget")
+		node, err := e.client.CoreV1().Nodes().Get(e.ctx, "dedicated", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		node.Status.Capacity[widget] = resource.MustParse("1")
+		node.Status.Allocatable[widget] = resource.MustParse("1")
+		if _, err := e.client.CoreV1().Nodes().UpdateStatus(e.ctx, node, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []string{"widget-a", "widget-b"} {
+			e.createPod(podSpec{name: n, tolerate: "dedicated", limits: v1.ResourceList{widget: resource.MustParse("1")}})
+		}
+		e.eventually("one widget pod on dedicated, the other pending for want of a widget", 60*time.Second, func() (bool, string) {
+			a, b := e.pod("widget-a"), e.pod("widget-b")
+			if a.Spec.NodeName != "" && a.Spec.NodeName != "dedicated" {
+				t.Fatalf("widget-a bound to %s, which has no example.com/widget", a.Spec.NodeName)
+			}
+			if b.Spec.NodeName != "" {
+				t.Fatalf("widget-b bound to %s, though the only widget is taken", b.Spec.NodeName)
+			}
+			want := "needs 1 example.com/widget; the most free on any node is 0"
+			return a.Spec.NodeName == "dedicated" && contains(pendingReason(b), want),
+				fmt.Sprintf("widget-a on %q; widget-b: %s (want %q)", a.Spec.NodeName, pendingReason(b), want)
+		})
+		// Pending reasons settle within a cycle or two; a bind cannot come later.
+		time.Sleep(time.Second)
+		if n := e.pod("widget-b").Spec.NodeName; n != "" {
+			t.Fatalf("widget-b bound to %s later", n)
 		}
 	})
 	e.checkNoDoubleAllocation()
