@@ -1,0 +1,129 @@
+package core
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Resources besides CPU, memory and GPUs (pod count, extended resources)
+// gate placement as kube-scheduler's NodeResourcesFit does: a pod goes only
+// where the node holds what it asks, counting the pods already there and
+// those placed earlier in the same cycle.
+func TestOtherResources(t *testing.T) {
+	const widget = "example.com/widget"
+	withOther := func(n Node, other map[string]int64) Node { n.Other = other; return n }
+	pod := func(name string, gpus int, other map[string]int64) Pod {
+		return Pod{Name: name, Request: Request{GPUs: gpus, Other: other}, Phase: PodPending}
+	}
+	cases := []struct {
+		name    string
+		nodes   []Node
+		running []Pod // placed on their Placement
+		pending []Pod
+		// want maps each pending pod to its node, or to "" for pending.
+		want       map[string]string
+		wantReason map[string]string
+	}{
+		{
+			name:    "only the node that has the resource",
+			nodes:   []Node{node("a", 8), withOther(node("b", 8), map[string]int64{widget: 1})},
+			pending: []Pod{pod("p", 1, map[string]int64{widget: 1})},
+			want:    map[string]string{"p": "b"},
+		},
+		{
+			name:       "counted within one cycle",
+			nodes:      []Node{withOther(node("a", 8), map[string]int64{widget: 1}), withOther(node("b", 8), map[string]int64{widget: 1})},
+			pending:    []Pod{pod("p", 1, map[string]int64{widget: 1}), pod("q", 1, map[string]int64{widget: 1}), pod("r", 1, map[string]int64{widget: 1})},
+			want:       map[string]string{"p": "a", "q": "b", "r": ""},
+			wantReason: map[string]string{"r": "needs 1 example.com/widget; the most free on any node is 0"},
+		},
+		{
+			name:  "pods already there count",
+			nodes: []Node{withOther(node("a", 8), map[string]int64{"pods": 2}), withOther(node("b", 8), map[string]int64{"pods": 110})},
+			running: []Pod{
+				{Name: "x", Request: Request{GPUs: 1, Other: map[string]int64{"pods": 1}}, Phase: PodRunning, Placement: Placement{Node: "a", GPUs: []int{0}}},
+				{Name: "y", Request: Request{Other: map[string]int64{"pods": 1}}, Phase: PodRunning, Placement: Placement{Node: "a"}},
+			},
+			// Bin-packing would pick a (fuller); its pod slots are used up.
+			pending: []Pod{pod("p", 1, map[string]int64{"pods": 1})},
+			want:    map[string]string{"p": "b"},
+		},
+		{
+			name:       "a resource no node has",
+			nodes:      []Node{withOther(node("a", 8), map[string]int64{"pods": 110})},
+			pending:    []Pod{pod("p", 0, map[string]int64{"pods": 1, widget: 2})},
+			want:       map[string]string{"p": ""},
+			wantReason: map[string]string{"p": "needs 2 example.com/widget; the most free on any node is 0"},
+		},
+		{
+			name:       "no node has all of it",
+			nodes:      []Node{withOther(node("a", 8), map[string]int64{widget: 1}), withOther(node("b", 8), map[string]int64{"example.com/gadget": 1})},
+			pending:    []Pod{pod("p", 0, map[string]int64{widget: 1, "example.com/gadget": 1})},
+			want:       map[string]string{"p": ""},
+			wantReason: map[string]string{"p": "needs 1 example.com/gadget and 1 example.com/widget; no node has all of it free"},
+		},
+		{
+			name:    "pods that ask nothing else ignore it",
+			nodes:   []Node{withOther(node("a", 2), map[string]int64{widget: 0})},
+			pending: []Pod{pod("p", 1, nil)},
+			want:    map[string]string{"p": "a"},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			snap := &Snapshot{Nodes: c.nodes}
+			q := NewQueue("q", "")
+			q.Resources[ResGPU] = QueueResource{Quota: Unlimited, Limit: Unlimited, OverQuotaWeight: 1}
+			snap.Queues = []Queue{q}
+			if len(c.running) > 0 {
+				snap.Jobs = append(snap.Jobs, Job{Name: "old", Queue: "q", Priority: 100, Pods: c.running})
+			}
+			for i, p := range c.pending {
+				snap.Jobs = append(snap.Jobs, Job{Name: p.Name, Queue: "q", Priority: 100, Pods: []Pod{p}, CreatedAt: time.Unix(int64(i), 0)})
+			}
+			res := mustSchedule(t, snap, Config{})
+			got := map[string]string{}
+			for _, p := range c.pending {
+				got[p.Name] = ""
+			}
+			for _, b := range res.Binds {
+				got[b.Pod] = b.Placement.Node
+			}
+			assert.Equal(t, c.want, got)
+			for pod, want := range c.wantReason {
+				assert.Equal(t, want, pendingReason(res, pod), "reason of %s", pod)
+			}
+		})
+	}
+}
+
+// A negative amount is a broken snapshot, not a request to fit.
+func TestOtherResourcesNegative(t *testing.T) {
+	snap := &Snapshot{Nodes: []Node{node("a", 1)}, Queues: []Queue{NewQueue("q", "")},
+		Jobs: []Job{{Name: "j", Queue: "q", Pods: []Pod{{Name: "p", Request: Request{Other: map[string]int64{"pods": -1}}}}}}}
+	_, err := Schedule(snap, Config{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "pods: -1 is negative")
+}
+
+// A preemptor that needs the victim's pod slot waits for the victim to go:
+// its bind is pipelined, as it is for GPUs, CPU and memory. (The victim
+// holds no GPU, so only the pod slot can make it so.)
+func TestOtherResourcesPreemptPipelined(t *testing.T) {
+	n := node("a", 8)
+	n.Other = map[string]int64{"pods": 1}
+	snap := &Snapshot{Nodes: []Node{n}, Queues: []Queue{queue("q", "", -1, -1, 1)}}
+	snap.Jobs = []Job{
+		{Name: "low", Queue: "q", Priority: 10, Preemptible: true, Pods: []Pod{{Name: "low", Request: Request{CPU: 1000, Other: map[string]int64{"pods": 1}},
+			Phase: PodRunning, Placement: Placement{Node: "a"}}}},
+		{Name: "high", Queue: "q", Priority: 90, Preemptible: true, Pods: []Pod{{Name: "high", Request: Request{GPUs: 1, Other: map[string]int64{"pods": 1}}, Phase: PodPending}}},
+	}
+	res := mustSchedule(t, snap, Config{})
+	require.Len(t, res.Evictions, 1)
+	assert.Equal(t, "low", res.Evictions[0].Pod)
+	require.Len(t, res.Binds, 1)
+	assert.True(t, res.Binds[0].Pipelined, "the only pod slot frees when the victim is gone")
+}
