@@ -192,10 +192,22 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 		if jp == nil {
 			return
 		}
-		// Claims of every pod first; a failure rolls the job's claims back.
+		// Volumes to provision are sent to the chosen node first (as
+		// kube-scheduler's VolumeBinding does before DynamicResources),
+		// then the claims of every pod; a failure rolls the job's claims
+		// back.
 		var written []writtenClaim
 		var failure error
 		for _, p := range jp {
+			if err := s.selectNode(ctx, p.ref.pod, p.node); err != nil {
+				failure = err
+				break
+			}
+		}
+		for _, p := range jp {
+			if failure != nil {
+				break
+			}
 			for _, c := range p.ref.claims {
 				a, ok := p.allocs[c.Name]
 				c2, added, err := s.reserveClaim(ctx, c, a, ok, p.ref.pod)

@@ -19,15 +19,20 @@ const driverOnlySelector = `device.driver == "` + DriverName + `"`
 
 // feasibility builds a pod's core.Pod.Feasible check, or nil when nothing
 // beyond what the core already checks applies: untolerated node taints,
-// required node affinity, unhealthy (tainted) GPUs, and CEL selectors of the
-// pod's DeviceClasses and claim requests, evaluated per device.
+// required node affinity, its volumes' nodes (volumes.go), unhealthy
+// (tainted) GPUs, and CEL selectors of the pod's DeviceClasses and claim
+// requests, evaluated per device. An error says why the pod must wait.
 //
 // For a placed pod it describes where the pod could be moved to (its
 // controller recreates it with fresh claims of the same spec), so allocated
 // claims' selectors count too.
 func (s *Scheduler) feasibility(pod *v1.Pod, claims []*resourceapi.ResourceClaim, idx *cycleIndex) (func(node string, gpu int) bool, error) {
 	placed := pod.Spec.NodeName != ""
-	var nodeChecks []func(*v1.Node) bool
+	vols, err := s.volumesOf(pod)
+	if err != nil && !placed {
+		return nil, err
+	}
+	nodeChecks := vols.checks
 	if idx.taintedNodes {
 		tolerations := pod.Spec.Tolerations
 		nodeChecks = append(nodeChecks, func(n *v1.Node) bool { return toleratesAll(tolerations, n.Spec.Taints) })

@@ -21,6 +21,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	schedulinglisters "k8s.io/client-go/listers/scheduling/v1"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/dynamic-resource-allocation/cel"
@@ -72,10 +73,14 @@ type Scheduler struct {
 	classLister    resourcelisters.DeviceClassLister
 	sliceLister    resourcelisters.ResourceSliceLister
 	priorityLister schedulinglisters.PriorityClassLister
-	sliceIndexer   cache.Indexer
-	queueInformer  cache.SharedIndexInformer
-	groupInformer  cache.SharedIndexInformer
-	celCache       *cel.Cache
+	// Volumes (volumes.go).
+	pvcLister          corelisters.PersistentVolumeClaimLister
+	pvLister           corelisters.PersistentVolumeLister
+	storageClassLister storagelisters.StorageClassLister
+	sliceIndexer       cache.Indexer
+	queueInformer      cache.SharedIndexInformer
+	groupInformer      cache.SharedIndexInformer
+	celCache           *cel.Cache
 
 	kick chan struct{}
 
@@ -144,6 +149,9 @@ func New(opts Options) (*Scheduler, error) {
 	s.classLister = s.factory.Resource().V1().DeviceClasses().Lister()
 	s.sliceLister = s.factory.Resource().V1().ResourceSlices().Lister()
 	s.priorityLister = s.factory.Scheduling().V1().PriorityClasses().Lister()
+	s.pvcLister = s.factory.Core().V1().PersistentVolumeClaims().Lister()
+	s.pvLister = s.factory.Core().V1().PersistentVolumes().Lister()
+	s.storageClassLister = s.factory.Storage().V1().StorageClasses().Lister()
 	sliceInformer := s.factory.Resource().V1().ResourceSlices().Informer()
 	// Slices by node, so a commit reads one node's slices, not the cluster's.
 	if err := sliceInformer.AddIndexers(cache.Indexers{sliceNodeIndex: func(obj any) ([]string, error) {
@@ -192,6 +200,9 @@ func New(opts Options) (*Scheduler, error) {
 		s.factory.Resource().V1().ResourceClaims().Informer(),
 		s.factory.Resource().V1().DeviceClasses().Informer(),
 		s.factory.Scheduling().V1().PriorityClasses().Informer(),
+		s.factory.Core().V1().PersistentVolumeClaims().Informer(),
+		s.factory.Core().V1().PersistentVolumes().Informer(),
+		s.factory.Storage().V1().StorageClasses().Informer(),
 		s.queueInformer, s.groupInformer,
 	} {
 		if _, err := inf.AddEventHandler(kick); err != nil {

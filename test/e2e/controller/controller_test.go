@@ -13,12 +13,14 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/controller/app"
 	"github.com/tessera-gpu/tessera/controller/kube"
@@ -187,9 +189,9 @@ func createUnstructured(t *testing.T, dyn dynamic.Interface, obj map[string]any)
 // TestRBACSufficient runs the controller as its ServiceAccount with exactly
 // deploy/rbac/tessera-controller.yaml and makes it use every permission:
 // leader Lease, binding, claim finalizer, allocation and reservedFor
-// (resourceclaims/binding), eviction (a preemption), PodScheduled=False on
-// a pod that cannot fit, events, Queue and PodGroup status. No request may
-// be refused. The metrics and health endpoints are checked on the way.
+// (resourceclaims/binding), a volume claim's selected node, eviction (a
+// preemption), PodScheduled=False on a pod that cannot fit, events, Queue
+// and PodGroup status. No request may be refused. The metrics and health endpoints are checked on the way.
 func TestRBACSufficient(t *testing.T) {
 	cp := cluster(t)
 	ctx := t.Context()
@@ -226,12 +228,40 @@ func TestRBACSufficient(t *testing.T) {
 		}
 		return p
 	}
+	// The first pod also mounts a volume its provisioner creates on the
+	// pod's node: the controller names the node on the claim.
+	class := "rbac-first-consumer"
+	if _, err := client.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{
+		ObjectMeta: metav1.ObjectMeta{Name: class}, Provisioner: "example.com/tessera-test",
+		VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = client.StorageV1().StorageClasses().Delete(context.Background(), class, metav1.DeleteOptions{})
+	})
+	if _, err := client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &v1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "scratch", Namespace: ns},
+		Spec: v1.PersistentVolumeClaimSpec{
+			StorageClassName: &class, AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
+			Resources: v1.VolumeResourceRequirements{Requests: v1.ResourceList{v1.ResourceStorage: resource.MustParse("1Gi")}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	low := pod("low", "one-gpu", "test-low", false)
+	low.Spec.Volumes = []v1.Volume{{Name: "scratch", VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: "scratch"}}}}
 	start := time.Now()
-	if _, err := client.CoreV1().Pods(ns).Create(ctx, pod("low", "one-gpu", "test-low", false), metav1.CreateOptions{}); err != nil {
+	if _, err := client.CoreV1().Pods(ns).Create(ctx, low, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "low bound with its claim", 60*time.Second, func() (bool, string) { return boundWithClaim(ctx, client, ns, "low") })
 	t.Logf("first pod bound with its claim after %v", time.Since(start).Round(time.Millisecond))
+	if c, err := client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "scratch", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if got := c.Annotations["volume.kubernetes.io/selected-node"]; got != "rbac-node" {
+		t.Errorf("volume claim scratch: selected-node %q, want rbac-node", got)
+	}
 
 	// A higher-priority pod of the same queue preempts it (pods/eviction),
 	// then takes the GPU.

@@ -185,6 +185,7 @@ type podSpec struct {
 	tolerate string          // a NoSchedule taint key to tolerate
 	nicClass string          // a second claim, for one device of this (other driver's) class
 	limits   v1.ResourceList // e.g. an extended resource (requests default to limits)
+	pvc      string          // a PersistentVolumeClaim mounted as volume "data"
 }
 
 func (e *env) createPod(p podSpec) *v1.Pod {
@@ -211,6 +212,9 @@ func (e *env) createPod(p podSpec) *v1.Pod {
 		pod.Spec.Containers[0].Resources.Requests = v1.ResourceList{v1.ResourceCPU: resource.MustParse(p.cpu)}
 	}
 	pod.Spec.Containers[0].Resources.Limits = p.limits
+	if p.pvc != "" {
+		pod.Spec.Volumes = []v1.Volume{{Name: "data", VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: p.pvc}}}}
+	}
 	if c := p.claim; c != nil {
 		tmpl := e.claimTemplate(p.name, *c)
 		pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmpl}}
