@@ -321,6 +321,7 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 	// core must not offer those GPUs either, or it would keep choosing a GPU
 	// the allocator refuses.
 	s.addUnattributedClaims(idx, attributed, poolNode, jobs, &jobOrder)
+	addHostPorts(snap, jobs)
 	for _, name := range jobOrder {
 		j := jobs[name]
 		if since, ok := s.belowSince[name]; ok {
@@ -531,5 +532,28 @@ func (s *Scheduler) addUnattributedClaims(idx *cycleIndex, attributed map[types.
 		jobs[name] = &core.Job{Name: name, Queue: externalQueue, Priority: 1 << 30, CreatedAt: c.CreationTimestamp.Time, Pods: []core.Pod{cp}}
 		*jobOrder = append(*jobOrder, name)
 		idx.jobs[name] = &jobRef{pods: []string{key}}
+	}
+}
+
+// addHostPorts gives every node one of each host port a pod asks for (see
+// hostPortPrefix).
+func addHostPorts(snap *core.Snapshot, jobs map[string]*core.Job) {
+	ports := map[string]bool{}
+	for _, j := range jobs {
+		for i := range j.Pods {
+			for name := range j.Pods[i].Request.Other {
+				if strings.HasPrefix(name, hostPortPrefix) {
+					ports[name] = true
+				}
+			}
+		}
+	}
+	for i := range snap.Nodes {
+		for port := range ports {
+			if snap.Nodes[i].Other == nil {
+				snap.Nodes[i].Other = map[string]int64{}
+			}
+			snap.Nodes[i].Other[port] = 1
+		}
 	}
 }

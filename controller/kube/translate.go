@@ -2,6 +2,7 @@ package kube
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -337,7 +338,42 @@ func podResources(pod *v1.Pod) (cpu, mem int64, other map[string]int64) {
 			}
 		}
 	}
+	for _, port := range hostPorts(pod) {
+		other[port] = 1
+	}
 	return cpu, mem, other
+}
+
+// hostPortPrefix names the other resources that stand for host ports: every
+// node holds one of each, so two pods asking the same port never share a
+// node (the kubelet would refuse the second, as kube-scheduler's NodePorts
+// filter knows). The host IP is not told apart: two pods on different
+// addresses of one node with the same port are kept apart too.
+const hostPortPrefix = "host port "
+
+// hostPorts lists the host ports of the pod's containers, init containers
+// included, as other-resource names ("host port TCP/8080").
+func hostPorts(pod *v1.Pod) []string {
+	var out []string
+	add := func(cs []v1.Container) {
+		for i := range cs {
+			for _, p := range cs[i].Ports {
+				if p.HostPort > 0 {
+					proto := p.Protocol
+					if proto == "" {
+						proto = v1.ProtocolTCP
+					}
+					name := fmt.Sprintf("%s%s/%d", hostPortPrefix, proto, p.HostPort)
+					if !slices.Contains(out, name) {
+						out = append(out, name)
+					}
+				}
+			}
+		}
+	}
+	add(pod.Spec.InitContainers)
+	add(pod.Spec.Containers)
+	return out
 }
 
 // nodeOther is what the node can hold of the resources podResources puts

@@ -194,6 +194,16 @@ func TestPodResources(t *testing.T) {
 			wantOther: map[string]int64{"pods": 1, "example.com/widget": 3, "hugepages-2Mi": 4 << 20, "ephemeral-storage": 1 << 30},
 		},
 		{
+			name: "host ports, each once, TCP by default",
+			spec: v1.PodSpec{
+				InitContainers: []v1.Container{{Ports: []v1.ContainerPort{{ContainerPort: 80, HostPort: 8080}}}},
+				Containers: []v1.Container{{Ports: []v1.ContainerPort{
+					{ContainerPort: 80, HostPort: 8080, Protocol: v1.ProtocolTCP}, {ContainerPort: 53, HostPort: 53, Protocol: v1.ProtocolUDP}, {ContainerPort: 9000},
+				}}},
+			},
+			wantOther: map[string]int64{"pods": 1, "host port TCP/8080": 1, "host port UDP/53": 1},
+		},
+		{
 			name: "pod-level requests",
 			spec: v1.PodSpec{
 				Resources:  &v1.ResourceRequirements{Requests: rl("cpu", "3", "memory", "2Gi")},
@@ -218,4 +228,12 @@ func TestNodeOther(t *testing.T) {
 		v1.ResourcePods: resource.MustParse("110"), "nvidia.com/gpu": resource.MustParse("4"),
 	}}}
 	assert.Equal(t, map[string]int64{"pods": 110, "nvidia.com/gpu": 4}, nodeOther(n))
+}
+
+func TestAddHostPorts(t *testing.T) {
+	snap := &core.Snapshot{Nodes: []core.Node{{Name: "a"}, {Name: "b", Other: map[string]int64{"pods": 110}}}}
+	jobs := map[string]*core.Job{"j": {Pods: []core.Pod{{Request: core.Request{Other: map[string]int64{"pods": 1, "host port TCP/8080": 1}}}}}}
+	addHostPorts(snap, jobs)
+	assert.Equal(t, map[string]int64{"host port TCP/8080": 1}, snap.Nodes[0].Other)
+	assert.Equal(t, map[string]int64{"pods": 110, "host port TCP/8080": 1}, snap.Nodes[1].Other)
 }

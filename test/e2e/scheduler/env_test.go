@@ -186,6 +186,7 @@ type podSpec struct {
 	nicClass string          // a second claim, for one device of this (other driver's) class
 	limits   v1.ResourceList // e.g. an extended resource (requests default to limits)
 	pvc      string          // a PersistentVolumeClaim mounted as volume "data"
+	ports    []v1.ContainerPort
 }
 
 func (e *env) createPod(p podSpec) *v1.Pod {
@@ -212,6 +213,7 @@ func (e *env) createPod(p podSpec) *v1.Pod {
 		pod.Spec.Containers[0].Resources.Requests = v1.ResourceList{v1.ResourceCPU: resource.MustParse(p.cpu)}
 	}
 	pod.Spec.Containers[0].Resources.Limits = p.limits
+	pod.Spec.Containers[0].Ports = p.ports
 	if p.pvc != "" {
 		pod.Spec.Volumes = []v1.Volume{{Name: "data", VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: p.pvc}}}}
 	}

@@ -419,6 +419,33 @@ func TestConstraints(t *testing.T) {
 			t.Fatalf("widget-b bound to %s later", n)
 		}
 	})
+
+	// Two pods asking the same host port never share a node (the kubelet
+	// would refuse the second): with two nodes, the third waits.
+	t.Run("host ports", func(t *testing.T) {
+		names := []string{"port-0", "port-1", "port-2"}
+		for _, n := range names {
+			p := podSpec{name: n, tolerate: "dedicated", ports: []v1.ContainerPort{{ContainerPort: 80, HostPort: 8080}}}
+			e.createPod(p)
+		}
+		e.eventually("two port pods on different nodes, the third pending", 60*time.Second, func() (bool, string) {
+			nodes := map[string]int{}
+			var waiting string
+			for _, n := range names {
+				p := e.pod(n)
+				if p.Spec.NodeName == "" {
+					waiting = pendingReason(p)
+					continue
+				}
+				nodes[p.Spec.NodeName]++
+				if nodes[p.Spec.NodeName] > 1 {
+					t.Fatalf("two pods with host port 8080 on %s", p.Spec.NodeName)
+				}
+			}
+			want := "needs 1 host port TCP/8080; the most free on any node is 0"
+			return len(nodes) == 2 && contains(waiting, want), fmt.Sprintf("nodes %v; waiting: %s (want %q)", nodes, waiting, want)
+		})
+	})
 	e.checkNoDoubleAllocation()
 }
 
