@@ -231,6 +231,13 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 			continue // its node is gone; nothing to account for
 		}
 		key := pod.Namespace + "/" + pod.Name
+		if !bound && ours {
+			if why := fractionAnnotations(pod); why != "" {
+				idx.problems = append(idx.problems, core.PendingPod{Pod: key, Reason: why})
+				idx.pods[key] = &podRef{pod: pod}
+				continue
+			}
+		}
 		if !bound {
 			if why := s.waitingForVictims(key, pod, now); why != "" {
 				idx.problems = append(idx.problems, core.PendingPod{Pod: key, Reason: why})

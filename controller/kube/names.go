@@ -17,6 +17,13 @@ const (
 	// AnnotationPreemptible overrides whether a pod's job is preemptible
 	// ("true"/"false"); by default jobs below priority 100 are.
 	AnnotationPreemptible = "tessera.dev/preemptible"
+	// AnnotationGPUFraction, AnnotationGPUMemory and AnnotationGPUSharing
+	// are DESIGN.md's annotations for a GPU share without a ResourceClaim
+	// (the device-plugin path). This version does not serve that path; a
+	// pod that carries them waits with a reason that says so (fraction.go).
+	AnnotationGPUFraction = "tessera.dev/gpu-fraction"
+	AnnotationGPUMemory   = "tessera.dev/gpu-memory"
+	AnnotationGPUSharing  = "tessera.dev/gpu-sharing"
 	// DefaultQueue holds pods without a queue label. It exists implicitly
 	// (no quota, no limit) when no Queue object of that name does.
 	DefaultQueue = "default"

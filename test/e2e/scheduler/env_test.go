@@ -3,6 +3,7 @@ package scheduler_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -187,6 +188,8 @@ type podSpec struct {
 	limits   v1.ResourceList // e.g. an extended resource (requests default to limits)
 	pvc      string          // a PersistentVolumeClaim mounted as volume "data"
 	ports    []v1.ContainerPort
+	// annotations are added to the pod's.
+	annotations map[string]string
 }
 
 func (e *env) createPod(p podSpec) *v1.Pod {
@@ -214,6 +217,7 @@ func (e *env) createPod(p podSpec) *v1.Pod {
 	}
 	pod.Spec.Containers[0].Resources.Limits = p.limits
 	pod.Spec.Containers[0].Ports = p.ports
+	maps.Copy(pod.Annotations, p.annotations)
 	if p.pvc != "" {
 		pod.Spec.Volumes = []v1.Volume{{Name: "data", VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: p.pvc}}}}
 	}

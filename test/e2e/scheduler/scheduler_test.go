@@ -420,6 +420,28 @@ func TestConstraints(t *testing.T) {
 		}
 	})
 
+	// DESIGN.md's fraction annotations need the device-plugin path, which
+	// this version does not serve: such a pod waits with a reason (a
+	// malformed annotation is named), rather than being placed as if it
+	// asked for no GPU.
+	t.Run("fraction annotations", func(t *testing.T) {
+		for name, frac := range map[string]string{"annotated-half": "0.5", "annotated-bad": "half"} {
+			e.createPod(podSpec{name: name, annotations: map[string]string{kube.AnnotationGPUFraction: frac}})
+		}
+		for name, want := range map[string]string{
+			"annotated-half": "which need the device-plugin path that this version of Tessera does not serve",
+			"annotated-bad":  `annotation tessera.dev/gpu-fraction: "half" is not a fraction`,
+		} {
+			e.eventually(name+" pending with its reason", 60*time.Second, func() (bool, string) {
+				p := e.pod(name)
+				if p.Spec.NodeName != "" {
+					t.Fatalf("%s bound to %s", name, p.Spec.NodeName)
+				}
+				return contains(pendingReason(p), want), pendingReason(p)
+			})
+		}
+	})
+
 	// Two pods asking the same host port never share a node (the kubelet
 	// would refuse the second): with two nodes, the third waits.
 	t.Run("host ports", func(t *testing.T) {
