@@ -57,6 +57,13 @@ type Snapshot struct {
 	Nodes  []Node
 	Queues []Queue
 	Jobs   []Job
+	// AntiAffinity names the terms that keep pods apart (Kubernetes'
+	// required podAntiAffinity), each mapped to its topology: the node
+	// label whose value is a domain ("kubernetes.io/hostname": each node
+	// its own). A pod that Avoids a term may not run in a domain where a pod
+	// that Matches it runs, nor the other way round. Nodes without the
+	// label are in no domain, so the term does not hold there.
+	AntiAffinity map[string]string
 }
 
 // Node is a schedulable node.
@@ -235,6 +242,10 @@ type Pod struct {
 	// consulted for the pod's existing placement. nil (the fast path)
 	// allows every node and GPU.
 	Feasible func(node string, gpu int) bool
+	// Matches and Avoids name terms of Snapshot.AntiAffinity: the terms
+	// whose selector the pod matches, and the pod's own.
+	Matches []string
+	Avoids  []string
 	// Pinned pods are never moved by consolidation (a move evicts the pod
 	// and counts on its controller to recreate it; a bare pod would be
 	// lost). They may still be reclaimed or preempted.

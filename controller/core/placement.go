@@ -127,6 +127,7 @@ const (
 	failSelector
 	failModel
 	failFeasible
+	failApart // required pod anti-affinity
 	failGPUCount
 	failNVLink
 	failFraction
@@ -189,6 +190,9 @@ func gpuOK(p *podState, n *nodeState, g *gpuState) bool {
 func fitOnNode(p *podState, n *nodeState) (pl *plan, why failKind, nvBest int) {
 	if k := staticFit(p, n); k != fitOK {
 		return nil, k, 0
+	}
+	if (p.matches != nil || p.avoids != nil) && !apartOK(p, n) {
+		return nil, failApart, 0
 	}
 	r := &p.req
 	if n.usedCPU+r.CPU > n.cpu {
@@ -336,7 +340,7 @@ func fractionOn(r *Request, g *gpuState) (milli, mem int64) {
 // chosen; the scan itself allocates nothing.
 func (s *session) bestNode(p *podState) *plan {
 	r := &p.req
-	if r.IsFraction() || (r.GPUs > 1 && r.NVLink == NVLinkRequired) || len(p.models) > 0 || p.feasible != nil {
+	if r.IsFraction() || (r.GPUs > 1 && r.NVLink == NVLinkRequired) || len(p.models) > 0 || p.feasible != nil || p.matches != nil || p.avoids != nil {
 		return s.bestNodeSlow(p)
 	}
 	used := int64(r.GPUs) * 1000
@@ -429,7 +433,10 @@ func (s *session) whyNot(p *podState) string {
 	switch {
 	case len(s.nodes) == 0:
 		return "the cluster has no nodes"
-	case counts[failUnschedulable]+counts[failSelector]+counts[failModel]+counts[failFeasible] == len(s.nodes):
+	case counts[failUnschedulable]+counts[failSelector]+counts[failModel]+counts[failFeasible]+counts[failApart] == len(s.nodes):
+		if counts[failApart] > 0 {
+			return "every node it could use runs a pod it must be kept apart from (required pod anti-affinity)"
+		}
 		if counts[failFeasible] > 0 {
 			return "no schedulable node passes its constraints (taints, device selectors, healthy GPUs)"
 		}

@@ -170,6 +170,12 @@ func (s *session) markPipelined(res *Result, bound []*podState) {
 		if !p.node.evicted {
 			continue
 		}
+		if p.matches != nil || p.avoids != nil {
+			// Anti-affinity with a victim is not tracked in transit: such
+			// a bind waits for the node's victims to be gone.
+			b.Pipelined = true
+			continue
+		}
 		t := get(p.node)
 		if t.fits(p) {
 			t.add(p)

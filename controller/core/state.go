@@ -32,6 +32,10 @@ type nodeState struct {
 	// other and usedOther are Node.Other and its use, indexed like
 	// session.otherNames; nil when no node or pod has other resources.
 	other, usedOther []int64
+	// apart holds, per anti-affinity term (indexed like session.termNames),
+	// the counts of the node's domain, shared by the nodes of the domain;
+	// nil entries where the node has no domain, nil when there are no terms.
+	apart []*apartCount
 	freeWhole        int   // GPUs with no pod at all
 	freeMilli        int64 // Σ (1000 - usedMilli)
 	// pods placed here at the cycle's start, in victim order.
@@ -53,7 +57,9 @@ type podState struct {
 	models   []string
 	// other is req.Other indexed like session.otherNames; nil when the pod
 	// asks for none.
-	other    []int64
+	other []int64
+	// matches and avoids are Pod.Matches and Pod.Avoids as term indices.
+	matches, avoids []int
 	feasible func(node string, gpu int) bool
 	pinned   bool
 	phase    PodPhase
@@ -159,7 +165,13 @@ type session struct {
 	// otherNames lists, sorted, every resource of Node.Other and
 	// Request.Other in the snapshot.
 	otherNames []string
+	// termNames lists the anti-affinity terms, sorted; termByN indexes it.
+	termNames []string
+	termByN   map[string]int
 }
+
+// apartCount is one topology domain's pods for one anti-affinity term.
+type apartCount struct{ matching, avoiding int }
 
 type failEntry struct {
 	epoch  int
@@ -207,6 +219,16 @@ func (s *session) place(p *podState, n *nodeState, gpus []int, milli, mem []int6
 	for i, v := range p.other {
 		n.usedOther[i] += v
 	}
+	for _, k := range p.matches {
+		if d := n.apart[k]; d != nil {
+			d.matching++
+		}
+	}
+	for _, k := range p.avoids {
+		if d := n.apart[k]; d != nil {
+			d.avoiding++
+		}
+	}
 	if !n.unschedulable {
 		s.free[ResCPU] -= p.req.CPU
 		s.free[ResMemory] -= p.req.Memory
@@ -241,6 +263,16 @@ func (s *session) unplace(p *podState) {
 	n.usedMem -= p.req.Memory
 	for i, v := range p.other {
 		n.usedOther[i] -= v
+	}
+	for _, k := range p.matches {
+		if d := n.apart[k]; d != nil {
+			d.matching--
+		}
+	}
+	for _, k := range p.avoids {
+		if d := n.apart[k]; d != nil {
+			d.avoiding--
+		}
 	}
 	if !n.unschedulable {
 		s.free[ResCPU] += p.req.CPU
@@ -296,6 +328,10 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 	}
 
 	s.otherNames = otherNames(snap)
+	domains, err := s.indexTerms(snap)
+	if err != nil {
+		return nil, err
+	}
 
 	// Nodes, sorted by name so that every tie breaks the same way.
 	nodes := slices.Clone(snap.Nodes)
@@ -309,6 +345,19 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 		if len(s.otherNames) > 0 {
 			ns.other = s.otherVector(n.Other)
 			ns.usedOther = make([]int64, len(s.otherNames))
+		}
+		if len(s.termNames) > 0 {
+			ns.apart = make([]*apartCount, len(s.termNames))
+			for k, name := range s.termNames {
+				if v, ok := n.Labels[snap.AntiAffinity[name]]; ok {
+					d := domains[k][v]
+					if d == nil {
+						d = &apartCount{}
+						domains[k][v] = d
+					}
+					ns.apart[k] = d
+				}
+			}
 		}
 		gpus := slices.Clone(n.GPUs)
 		slices.SortFunc(gpus, func(a, b GPU) int { return a.Index - b.Index })
@@ -463,6 +512,18 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 		r.NVLink = NVLinkPreferred
 	}
 	ps := &podState{name: p.Name, job: j, req: r, selector: p.NodeSelector, models: p.GPUModels, feasible: p.Feasible, pinned: p.Pinned, phase: p.Phase, rank: -1, lastOp: -1}
+	for _, terms := range []struct {
+		names []string
+		dst   *[]int
+	}{{p.Matches, &ps.matches}, {p.Avoids, &ps.avoids}} {
+		for _, name := range terms.names {
+			k, ok := s.termByN[name]
+			if !ok {
+				return nil, fmt.Errorf("anti-affinity term %q is not in the snapshot's AntiAffinity", name)
+			}
+			*terms.dst = append(*terms.dst, k)
+		}
+	}
 	for name, v := range r.Other {
 		if v < 0 {
 			return nil, fmt.Errorf("request: %s: %d is negative", name, v)
@@ -591,7 +652,7 @@ func (s *session) resolvePlacement(p *podState, in *Placement) (*plan, error) {
 func shapeKey(p *podState) string {
 	var b strings.Builder
 	r := p.req
-	fmt.Fprintf(&b, "%d/%d/%d/%s/%s/%d/%d/%v|", r.GPUs, r.GPUMilli, r.GPUMemory, r.Sharing, r.NVLink, r.CPU, r.Memory, p.other)
+	fmt.Fprintf(&b, "%d/%d/%d/%s/%s/%d/%d/%v/%v/%v|", r.GPUs, r.GPUMilli, r.GPUMemory, r.Sharing, r.NVLink, r.CPU, r.Memory, p.other, p.matches, p.avoids)
 	keys := make([]string, 0, len(p.selector))
 	for k := range p.selector {
 		keys = append(keys, k)
@@ -653,4 +714,42 @@ func otherFits(p *podState, n *nodeState) (bool, int) {
 		}
 	}
 	return true, -1
+}
+
+// indexTerms numbers the anti-affinity terms and returns an empty domain
+// map per term.
+func (s *session) indexTerms(snap *Snapshot) ([]map[string]*apartCount, error) {
+	if len(snap.AntiAffinity) == 0 {
+		return nil, nil
+	}
+	s.termByN = map[string]int{}
+	for name, topo := range snap.AntiAffinity {
+		if topo == "" {
+			return nil, fmt.Errorf("anti-affinity term %q: empty topology label", name)
+		}
+		s.termNames = append(s.termNames, name)
+	}
+	slices.Sort(s.termNames)
+	domains := make([]map[string]*apartCount, len(s.termNames))
+	for k, name := range s.termNames {
+		s.termByN[name] = k
+		domains[k] = map[string]*apartCount{}
+	}
+	return domains, nil
+}
+
+// apartOK reports whether p may run on n as far as anti-affinity goes: no
+// pod it avoids, and no pod avoiding it, in n's domain of each term.
+func apartOK(p *podState, n *nodeState) bool {
+	for _, k := range p.avoids {
+		if d := n.apart[k]; d != nil && d.matching > 0 {
+			return false
+		}
+	}
+	for _, k := range p.matches {
+		if d := n.apart[k]; d != nil && d.avoiding > 0 {
+			return false
+		}
+	}
+	return true
 }

@@ -1,0 +1,110 @@
+package core
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Required pod anti-affinity: a pod that avoids a term never shares a
+// topology domain with a pod that matches it, in either direction, counting
+// pods placed earlier in the same cycle.
+func TestAntiAffinity(t *testing.T) {
+	const host, zone = "kubernetes.io/hostname", "topology.kubernetes.io/zone"
+	labeled := func(name string, labels map[string]string) Node {
+		n := node(name, 8)
+		n.Labels = labels
+		return n
+	}
+	hosts := []Node{labeled("a", map[string]string{host: "a"}), labeled("b", map[string]string{host: "b"})}
+	replica := func(name string) Pod {
+		return Pod{Name: name, Request: Request{GPUs: 1}, Matches: []string{"web"}, Avoids: []string{"web"}}
+	}
+	cases := []struct {
+		name    string
+		nodes   []Node
+		terms   map[string]string
+		running []Pod
+		pending []Pod
+		want    map[string]string // pod -> node, "" pending
+		reason  map[string]string
+	}{
+		{
+			name: "replicas one per node", nodes: hosts, terms: map[string]string{"web": host},
+			pending: []Pod{replica("r0"), replica("r1"), replica("r2")},
+			want:    map[string]string{"r0": "a", "r1": "b", "r2": ""},
+			reason:  map[string]string{"r2": "every node it could use runs a pod it must be kept apart from (required pod anti-affinity)"},
+		},
+		{
+			name: "a running pod's term keeps a matching pod away", nodes: hosts, terms: map[string]string{"db": host},
+			running: []Pod{{Name: "guard", Request: Request{GPUs: 1}, Avoids: []string{"db"}, Phase: PodRunning, Placement: Placement{Node: "a", GPUs: []int{0}}}},
+			// Bin-packing alone would put it beside guard on a.
+			pending: []Pod{{Name: "db-0", Request: Request{GPUs: 1}, Matches: []string{"db"}}},
+			want:    map[string]string{"db-0": "b"},
+		},
+		{
+			name: "zones", terms: map[string]string{"web": zone},
+			nodes:   []Node{labeled("a", map[string]string{zone: "z1"}), labeled("b", map[string]string{zone: "z1"}), labeled("c", map[string]string{zone: "z2"})},
+			pending: []Pod{replica("r0"), replica("r1"), replica("r2")},
+			want:    map[string]string{"r0": "a", "r1": "c", "r2": ""},
+		},
+		{
+			name: "a node without the label is in no domain", terms: map[string]string{"web": zone},
+			nodes:   []Node{labeled("a", nil)},
+			pending: []Pod{replica("r0"), replica("r1")},
+			want:    map[string]string{"r0": "a", "r1": "a"},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			snap := &Snapshot{Nodes: c.nodes, AntiAffinity: c.terms, Queues: []Queue{queue("q", "", -1, -1, 1)}}
+			if len(c.running) > 0 {
+				snap.Jobs = append(snap.Jobs, Job{Name: "old", Queue: "q", Priority: 100, Pods: c.running})
+			}
+			for i, p := range c.pending {
+				snap.Jobs = append(snap.Jobs, Job{Name: p.Name, Queue: "q", Priority: 100, CreatedAt: time.Unix(int64(i), 0), Pods: []Pod{p}})
+			}
+			res := mustSchedule(t, snap, Config{})
+			got := map[string]string{}
+			for _, p := range c.pending {
+				got[p.Name] = ""
+			}
+			for _, b := range res.Binds {
+				got[b.Pod] = b.Placement.Node
+			}
+			assert.Equal(t, c.want, got)
+			for pod, want := range c.reason {
+				assert.Equal(t, want, pendingReason(res, pod))
+			}
+		})
+	}
+}
+
+// Preemption can clear a conflict: the only node runs a lower-priority pod
+// the preemptor must be kept apart from; it is evicted and the bind waits
+// for it to be gone.
+func TestAntiAffinityPreempt(t *testing.T) {
+	n := node("a", 8)
+	n.Labels = map[string]string{"kubernetes.io/hostname": "a"}
+	snap := &Snapshot{Nodes: []Node{n}, AntiAffinity: map[string]string{"t": "kubernetes.io/hostname"}, Queues: []Queue{queue("q", "", -1, -1, 1)}}
+	snap.Jobs = []Job{
+		{Name: "low", Queue: "q", Priority: 10, Preemptible: true, Pods: []Pod{{Name: "low", Request: Request{GPUs: 1}, Matches: []string{"t"},
+			Phase: PodRunning, Placement: Placement{Node: "a", GPUs: []int{0}}}}},
+		{Name: "high", Queue: "q", Priority: 90, Preemptible: true, Pods: []Pod{{Name: "high", Request: Request{GPUs: 1}, Avoids: []string{"t"}}}},
+	}
+	res := mustSchedule(t, snap, Config{})
+	require.Len(t, res.Evictions, 1)
+	assert.Equal(t, "low", res.Evictions[0].Pod)
+	require.Len(t, res.Binds, 1)
+	assert.True(t, res.Binds[0].Pipelined)
+}
+
+func TestAntiAffinityUnknownTerm(t *testing.T) {
+	snap := &Snapshot{Nodes: []Node{node("a", 1)}, Queues: []Queue{NewQueue("q", "")},
+		Jobs: []Job{{Name: "j", Queue: "q", Pods: []Pod{{Name: "p", Avoids: []string{"nope"}}}}}}
+	_, err := Schedule(snap, Config{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `anti-affinity term "nope" is not in the snapshot's AntiAffinity`)
+}
