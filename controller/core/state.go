@@ -35,9 +35,9 @@ type nodeState struct {
 	// apart holds, per anti-affinity term (indexed like session.termNames),
 	// the counts of the node's domain, shared by the nodes of the domain;
 	// nil entries where the node has no domain, nil when there are no terms.
-	apart []*apartCount
-	freeWhole        int   // GPUs with no pod at all
-	freeMilli        int64 // Σ (1000 - usedMilli)
+	apart     []*apartCount
+	freeWhole int   // GPUs with no pod at all
+	freeMilli int64 // Σ (1000 - usedMilli)
 	// pods placed here at the cycle's start, in victim order.
 	victims []*podState
 	// seen marks the node as evaluated in the current victim search.
@@ -60,9 +60,9 @@ type podState struct {
 	other []int64
 	// matches and avoids are Pod.Matches and Pod.Avoids as term indices.
 	matches, avoids []int
-	feasible func(node string, gpu int) bool
-	pinned   bool
-	phase    PodPhase
+	feasible        func(node string, gpu int) bool
+	pinned          bool
+	phase           PodPhase
 	// res is what the pod counts for its queue; res[ResGPU] is an estimate
 	// while pending and exact once placed.
 	res Resources
