@@ -108,3 +108,84 @@ func TestAntiAffinityUnknownTerm(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `anti-affinity term "nope" is not in the snapshot's AntiAffinity`)
 }
+
+// Required pod affinity: a pod runs only in a domain where a pod it needs
+// runs; the first of a group that needs itself may go anywhere with the
+// label.
+func TestPodAffinity(t *testing.T) {
+	const zone = "topology.kubernetes.io/zone"
+	zoned := func(name, z string) Node {
+		n := node(name, 8)
+		if z != "" {
+			n.Labels = map[string]string{zone: z}
+		}
+		return n
+	}
+	running := func(name, node string, matches ...string) Pod {
+		return Pod{Name: name, Request: Request{GPUs: 1}, Matches: matches, Phase: PodRunning, Placement: Placement{Node: node, GPUs: []int{0}}}
+	}
+	cases := []struct {
+		name    string
+		nodes   []Node
+		running []Pod
+		pending []Pod
+		want    map[string]string
+		reason  map[string]string
+	}{
+		{
+			name:  "near the pod it needs, against bin-packing",
+			nodes: []Node{zoned("a", "z1"), zoned("b", "z2")},
+			// b is fuller, so bin-packing alone would pick it.
+			running: []Pod{running("cache", "a", "cache"), running("other-0", "b"), {Name: "other-1", Request: Request{GPUs: 1}, Phase: PodRunning, Placement: Placement{Node: "b", GPUs: []int{1}}}},
+			pending: []Pod{{Name: "reader", Request: Request{GPUs: 1}, Needs: []string{"cache"}}},
+			want:    map[string]string{"reader": "a"},
+		},
+		{
+			name:  "the first of a group anywhere, the rest near it",
+			nodes: []Node{zoned("a", "z1"), zoned("b", "z2")},
+			pending: []Pod{
+				{Name: "w0", Request: Request{GPUs: 8}, Matches: []string{"grp"}, Needs: []string{"grp"}},
+				{Name: "w1", Request: Request{GPUs: 8}, Matches: []string{"grp"}, Needs: []string{"grp"}},
+			},
+			want:   map[string]string{"w0": "a", "w1": ""},
+			reason: map[string]string{"w1": "needs 8 free GPUs on one node; the most free on any node is 0; 1 node ruled out by required pod (anti-)affinity"},
+		},
+		{
+			name:    "nodes without the label never qualify",
+			nodes:   []Node{zoned("a", "")},
+			running: []Pod{running("cache", "a", "cache")},
+			pending: []Pod{{Name: "reader", Request: Request{GPUs: 1}, Needs: []string{"cache"}}},
+			want:    map[string]string{"reader": ""},
+			reason:  map[string]string{"reader": "no node it could use is in a domain with the pods it must run near (required pod affinity)"},
+		},
+		{
+			name:    "no pod to be near, and not one of the group: waits",
+			nodes:   []Node{zoned("a", "z1")},
+			pending: []Pod{{Name: "reader", Request: Request{GPUs: 1}, Needs: []string{"cache"}}},
+			want:    map[string]string{"reader": ""},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			snap := &Snapshot{Nodes: c.nodes, AntiAffinity: map[string]string{"cache": zone, "grp": zone}, Queues: []Queue{queue("q", "", -1, -1, 1)}}
+			if len(c.running) > 0 {
+				snap.Jobs = append(snap.Jobs, Job{Name: "old", Queue: "q", Priority: 100, Pods: c.running})
+			}
+			for i, p := range c.pending {
+				snap.Jobs = append(snap.Jobs, Job{Name: p.Name, Queue: "q", Priority: 100, CreatedAt: time.Unix(int64(i), 0), Pods: []Pod{p}})
+			}
+			res := mustSchedule(t, snap, Config{})
+			got := map[string]string{}
+			for _, p := range c.pending {
+				got[p.Name] = ""
+			}
+			for _, b := range res.Binds {
+				got[b.Pod] = b.Placement.Node
+			}
+			assert.Equal(t, c.want, got)
+			for pod, want := range c.reason {
+				assert.Equal(t, want, pendingReason(res, pod))
+			}
+		})
+	}
+}

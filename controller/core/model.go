@@ -57,12 +57,15 @@ type Snapshot struct {
 	Nodes  []Node
 	Queues []Queue
 	Jobs   []Job
-	// AntiAffinity names the terms that keep pods apart (Kubernetes'
-	// required podAntiAffinity), each mapped to its topology: the node
-	// label whose value is a domain ("kubernetes.io/hostname": each node
-	// its own). A pod that Avoids a term may not run in a domain where a pod
-	// that Matches it runs, nor the other way round. Nodes without the
-	// label are in no domain, so the term does not hold there.
+	// AntiAffinity names the terms of Kubernetes' required pod
+	// (anti-)affinity, each mapped to its topology: the node label whose
+	// value is a domain ("kubernetes.io/hostname": each node its own). A
+	// pod that Avoids a term may not run in a domain where a pod that
+	// Matches it runs, nor the other way round; nodes without the label are
+	// in no domain, so that term does not hold there. A pod that Needs a
+	// term runs only in a domain where a pod that Matches it runs — or
+	// anywhere with the label when no pod matches it yet and the pod matches
+	// every term it needs itself (the first of a group).
 	AntiAffinity map[string]string
 }
 
@@ -242,10 +245,12 @@ type Pod struct {
 	// consulted for the pod's existing placement. nil (the fast path)
 	// allows every node and GPU.
 	Feasible func(node string, gpu int) bool
-	// Matches and Avoids name terms of Snapshot.AntiAffinity: the terms
-	// whose selector the pod matches, and the pod's own.
+	// Matches, Avoids and Needs name terms of Snapshot.AntiAffinity: the
+	// terms whose selector the pod matches, its own anti-affinity terms and
+	// its own affinity terms.
 	Matches []string
 	Avoids  []string
+	Needs   []string
 	// Pinned pods are never moved by consolidation (a move evicts the pod
 	// and counts on its controller to recreate it; a bare pod would be
 	// lost). They may still be reclaimed or preempted.

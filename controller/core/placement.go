@@ -128,6 +128,7 @@ const (
 	failModel
 	failFeasible
 	failApart // required pod anti-affinity
+	failNear  // required pod affinity
 	failGPUCount
 	failNVLink
 	failFraction
@@ -193,6 +194,9 @@ func fitOnNode(p *podState, n *nodeState) (pl *plan, why failKind, nvBest int) {
 	}
 	if (p.matches != nil || p.avoids != nil) && !apartOK(p, n) {
 		return nil, failApart, 0
+	}
+	if p.needs != nil && !nearOK(p, n) {
+		return nil, failNear, 0
 	}
 	r := &p.req
 	if n.usedCPU+r.CPU > n.cpu {
@@ -340,7 +344,7 @@ func fractionOn(r *Request, g *gpuState) (milli, mem int64) {
 // chosen; the scan itself allocates nothing.
 func (s *session) bestNode(p *podState) *plan {
 	r := &p.req
-	if r.IsFraction() || (r.GPUs > 1 && r.NVLink == NVLinkRequired) || len(p.models) > 0 || p.feasible != nil || p.matches != nil || p.avoids != nil {
+	if r.IsFraction() || (r.GPUs > 1 && r.NVLink == NVLinkRequired) || len(p.models) > 0 || p.feasible != nil || p.matches != nil || p.avoids != nil || p.needs != nil {
 		return s.bestNodeSlow(p)
 	}
 	used := int64(r.GPUs) * 1000
@@ -400,6 +404,15 @@ func (s *session) bestNodeSlow(p *podState) *plan {
 
 // whyNot explains in a person's words why p fits no node right now.
 func (s *session) whyNot(p *podState) string {
+	why, counts := s.whyNotCounted(p)
+	if n := counts[failApart] + counts[failNear]; n > 0 && !strings.Contains(why, "pod affinity") && !strings.Contains(why, "pod anti-affinity") {
+		why += fmt.Sprintf("; %s ruled out by required pod (anti-)affinity", plural(n, "node"))
+	}
+	return why
+}
+
+// whyNotCounted is whyNot's main reason, and how many nodes failed how.
+func (s *session) whyNotCounted(p *podState) (string, map[failKind]int) {
 	counts := map[failKind]int{}
 	nvBest, maxWhole := 0, 0
 	var maxFreeCPU, maxFreeMem int64
@@ -411,7 +424,7 @@ func (s *session) whyNot(p *podState) string {
 		_, why, nv := fitOnNode(p, n)
 		counts[why]++
 		if why == fitOK {
-			return "fits a node now" // not reached by callers
+			return "fits a node now", counts // not reached by callers
 		}
 		if why >= failGPUCount {
 			nvBest = max(nvBest, nv)
@@ -432,35 +445,38 @@ func (s *session) whyNot(p *podState) string {
 	r := &p.req
 	switch {
 	case len(s.nodes) == 0:
-		return "the cluster has no nodes"
-	case counts[failUnschedulable]+counts[failSelector]+counts[failModel]+counts[failFeasible]+counts[failApart] == len(s.nodes):
+		return "the cluster has no nodes", counts
+	case counts[failUnschedulable]+counts[failSelector]+counts[failModel]+counts[failFeasible]+counts[failApart]+counts[failNear] == len(s.nodes):
+		if counts[failNear] > 0 {
+			return "no node it could use is in a domain with the pods it must run near (required pod affinity)", counts
+		}
 		if counts[failApart] > 0 {
-			return "every node it could use runs a pod it must be kept apart from (required pod anti-affinity)"
+			return "every node it could use runs a pod it must be kept apart from (required pod anti-affinity)", counts
 		}
 		if counts[failFeasible] > 0 {
-			return "no schedulable node passes its constraints (taints, device selectors, healthy GPUs)"
+			return "no schedulable node passes its constraints (taints, device selectors, healthy GPUs)", counts
 		}
 		if counts[failModel] > 0 {
-			return fmt.Sprintf("no schedulable node has a GPU of model %s", strings.Join(p.models, " or "))
+			return fmt.Sprintf("no schedulable node has a GPU of model %s", strings.Join(p.models, " or ")), counts
 		}
 		if counts[failSelector] > 0 {
-			return "no schedulable node matches its node selector"
+			return "no schedulable node matches its node selector", counts
 		}
-		return "every node is unschedulable"
+		return "every node is unschedulable", counts
 	case counts[failNVLink] > 0:
-		return fmt.Sprintf("needs %s; the best node has %d", plural(r.GPUs, "NVLink-connected GPU"), nvBest)
+		return fmt.Sprintf("needs %s; the best node has %d", plural(r.GPUs, "NVLink-connected GPU"), nvBest), counts
 	case counts[failGPUCount] > 0:
-		return fmt.Sprintf("needs %s on one node; the most free on any node is %d", plural(r.GPUs, "free GPU"), maxWhole)
+		return fmt.Sprintf("needs %s on one node; the most free on any node is %d", plural(r.GPUs, "free GPU"), maxWhole), counts
 	case counts[failFraction] > 0:
 		what := fmt.Sprintf("%s of a GPU", formatMilli(r.GPUMilli))
 		if r.GPUMemory > 0 {
 			what = formatBytes(r.GPUMemory) + " of GPU memory"
 		}
-		return fmt.Sprintf("needs %s (%s); no GPU has that much free without mixing sharing modes", what, r.Sharing)
+		return fmt.Sprintf("needs %s (%s); no GPU has that much free without mixing sharing modes", what, r.Sharing), counts
 	case counts[failCPU] > 0:
-		return fmt.Sprintf("needs %s; the most free on any node is %s", formatAmount(ResCPU, r.CPU), formatAmount(ResCPU, maxFreeCPU))
+		return fmt.Sprintf("needs %s; the most free on any node is %s", formatAmount(ResCPU, r.CPU), formatAmount(ResCPU, maxFreeCPU)), counts
 	case counts[failMemory] > 0:
-		return fmt.Sprintf("needs %s; the most free on any node is %s", formatAmount(ResMemory, r.Memory), formatAmount(ResMemory, maxFreeMem))
+		return fmt.Sprintf("needs %s; the most free on any node is %s", formatAmount(ResMemory, r.Memory), formatAmount(ResMemory, maxFreeMem)), counts
 	default:
 		var asks []string
 		for i, v := range p.other {
@@ -469,10 +485,10 @@ func (s *session) whyNot(p *podState) string {
 			}
 			name := s.otherNames[i]
 			if v > maxFreeOther[i] {
-				return fmt.Sprintf("needs %d %s; the most free on any node is %d", v, name, maxFreeOther[i])
+				return fmt.Sprintf("needs %d %s; the most free on any node is %d", v, name, maxFreeOther[i]), counts
 			}
 			asks = append(asks, fmt.Sprintf("%d %s", v, name))
 		}
-		return fmt.Sprintf("needs %s; no node has all of it free", strings.Join(asks, " and "))
+		return fmt.Sprintf("needs %s; no node has all of it free", strings.Join(asks, " and ")), counts
 	}
 }

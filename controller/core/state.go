@@ -35,7 +35,9 @@ type nodeState struct {
 	// apart holds, per anti-affinity term (indexed like session.termNames),
 	// the counts of the node's domain, shared by the nodes of the domain;
 	// nil entries where the node has no domain, nil when there are no terms.
-	apart     []*apartCount
+	apart []*apartCount
+	// terms is the session's, for the cluster-wide counts.
+	terms     *termState
 	freeWhole int   // GPUs with no pod at all
 	freeMilli int64 // Σ (1000 - usedMilli)
 	// pods placed here at the cycle's start, in victim order.
@@ -58,11 +60,12 @@ type podState struct {
 	// other is req.Other indexed like session.otherNames; nil when the pod
 	// asks for none.
 	other []int64
-	// matches and avoids are Pod.Matches and Pod.Avoids as term indices.
-	matches, avoids []int
-	feasible        func(node string, gpu int) bool
-	pinned          bool
-	phase           PodPhase
+	// matches, avoids and needs are Pod.Matches, .Avoids and .Needs as term
+	// indices.
+	matches, avoids, needs []int
+	feasible               func(node string, gpu int) bool
+	pinned                 bool
+	phase                  PodPhase
 	// res is what the pod counts for its queue; res[ResGPU] is an estimate
 	// while pending and exact once placed.
 	res Resources
@@ -168,7 +171,11 @@ type session struct {
 	// termNames lists the anti-affinity terms, sorted; termByN indexes it.
 	termNames []string
 	termByN   map[string]int
+	terms     termState
 }
+
+// termState counts, per term, the placed pods that match it anywhere.
+type termState struct{ matching []int }
 
 // apartCount is one topology domain's pods for one anti-affinity term.
 type apartCount struct{ matching, avoiding int }
@@ -220,6 +227,7 @@ func (s *session) place(p *podState, n *nodeState, gpus []int, milli, mem []int6
 		n.usedOther[i] += v
 	}
 	for _, k := range p.matches {
+		n.terms.matching[k]++
 		if d := n.apart[k]; d != nil {
 			d.matching++
 		}
@@ -265,6 +273,7 @@ func (s *session) unplace(p *podState) {
 		n.usedOther[i] -= v
 	}
 	for _, k := range p.matches {
+		n.terms.matching[k]--
 		if d := n.apart[k]; d != nil {
 			d.matching--
 		}
@@ -347,6 +356,7 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 			ns.usedOther = make([]int64, len(s.otherNames))
 		}
 		if len(s.termNames) > 0 {
+			ns.terms = &s.terms
 			ns.apart = make([]*apartCount, len(s.termNames))
 			for k, name := range s.termNames {
 				if v, ok := n.Labels[snap.AntiAffinity[name]]; ok {
@@ -515,7 +525,7 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 	for _, terms := range []struct {
 		names []string
 		dst   *[]int
-	}{{p.Matches, &ps.matches}, {p.Avoids, &ps.avoids}} {
+	}{{p.Matches, &ps.matches}, {p.Avoids, &ps.avoids}, {p.Needs, &ps.needs}} {
 		for _, name := range terms.names {
 			k, ok := s.termByN[name]
 			if !ok {
@@ -652,7 +662,7 @@ func (s *session) resolvePlacement(p *podState, in *Placement) (*plan, error) {
 func shapeKey(p *podState) string {
 	var b strings.Builder
 	r := p.req
-	fmt.Fprintf(&b, "%d/%d/%d/%s/%s/%d/%d/%v/%v/%v|", r.GPUs, r.GPUMilli, r.GPUMemory, r.Sharing, r.NVLink, r.CPU, r.Memory, p.other, p.matches, p.avoids)
+	fmt.Fprintf(&b, "%d/%d/%d/%s/%s/%d/%d/%v/%v/%v/%v|", r.GPUs, r.GPUMilli, r.GPUMemory, r.Sharing, r.NVLink, r.CPU, r.Memory, p.other, p.matches, p.avoids, p.needs)
 	keys := make([]string, 0, len(p.selector))
 	for k := range p.selector {
 		keys = append(keys, k)
@@ -730,12 +740,29 @@ func (s *session) indexTerms(snap *Snapshot) ([]map[string]*apartCount, error) {
 		s.termNames = append(s.termNames, name)
 	}
 	slices.Sort(s.termNames)
+	s.terms.matching = make([]int, len(s.termNames))
 	domains := make([]map[string]*apartCount, len(s.termNames))
 	for k, name := range s.termNames {
 		s.termByN[name] = k
 		domains[k] = map[string]*apartCount{}
 	}
 	return domains, nil
+}
+
+// nearOK reports whether n is in a domain of every term p needs where a
+// pod matching it runs (or the first-of-a-group exception holds).
+func nearOK(p *podState, n *nodeState) bool {
+	first := true // no pod matches any needed term, and p matches them all
+	for _, k := range p.needs {
+		first = first && n.terms.matching[k] == 0 && slices.Contains(p.matches, k)
+	}
+	for _, k := range p.needs {
+		d := n.apart[k]
+		if d == nil || d.matching == 0 && !first {
+			return false
+		}
+	}
+	return true
 }
 
 // apartOK reports whether p may run on n as far as anti-affinity goes: no
