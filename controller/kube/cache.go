@@ -214,6 +214,30 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 		}
 		return pods[i].Name < pods[j].Name
 	})
+	// Required pod (anti-)affinity: every term of the pods in the snapshot,
+	// so each pod can be told which terms select it.
+	terms := newPodTerms(s.namespaceLabels)
+	type ownTerms struct {
+		avoids, needs []string
+		err           error
+	}
+	termsOf := map[types.UID]ownTerms{}
+	for _, pod := range pods {
+		if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed ||
+			pod.Spec.NodeName == "" && (pod.Spec.SchedulerName != SchedulerName || pod.DeletionTimestamp != nil) {
+			continue
+		}
+		anti, aff := affinityTerms(pod)
+		if len(anti)+len(aff) == 0 {
+			continue
+		}
+		var own ownTerms
+		if own.avoids, own.err = terms.add(pod, anti); own.err == nil {
+			own.needs, own.err = terms.add(pod, aff)
+		}
+		termsOf[pod.UID] = own
+	}
+	snap.AntiAffinity = terms.topologies()
 	jobs := map[string]*core.Job{}
 	var jobOrder []string
 	seen := make(map[types.UID]bool, len(pods))
@@ -259,6 +283,15 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 			continue
 		}
 		cp := core.Pod{Name: key, Request: e.req, NodeSelector: pod.Spec.NodeSelector, Phase: core.PodPending}
+		if snap.AntiAffinity != nil {
+			own := termsOf[pod.UID]
+			if own.err != nil && !bound {
+				idx.problems = append(idx.problems, core.PendingPod{Pod: key, Reason: own.err.Error()})
+				idx.pods[key] = &podRef{pod: pod}
+				continue
+			}
+			cp.Matches, cp.Avoids, cp.Needs = terms.matches(pod), own.avoids, own.needs
+		}
 		if ours {
 			f, err := s.feasibility(pod, e.claims, idx)
 			switch {
@@ -563,4 +596,13 @@ func addHostPorts(snap *core.Snapshot, jobs map[string]*core.Job) {
 			snap.Nodes[i].Other[port] = 1
 		}
 	}
+}
+
+// namespaceLabels returns a namespace's labels, nil when it is not known.
+func (s *Scheduler) namespaceLabels(name string) map[string]string {
+	ns, err := s.namespaceLister.Get(name)
+	if err != nil {
+		return nil
+	}
+	return ns.Labels
 }

@@ -77,6 +77,8 @@ type Scheduler struct {
 	pvcLister          corelisters.PersistentVolumeClaimLister
 	pvLister           corelisters.PersistentVolumeLister
 	storageClassLister storagelisters.StorageClassLister
+	// Namespaces, for pod affinity terms with a namespaceSelector.
+	namespaceLister corelisters.NamespaceLister
 	sliceIndexer       cache.Indexer
 	queueInformer      cache.SharedIndexInformer
 	groupInformer      cache.SharedIndexInformer
@@ -152,6 +154,7 @@ func New(opts Options) (*Scheduler, error) {
 	s.pvcLister = s.factory.Core().V1().PersistentVolumeClaims().Lister()
 	s.pvLister = s.factory.Core().V1().PersistentVolumes().Lister()
 	s.storageClassLister = s.factory.Storage().V1().StorageClasses().Lister()
+	s.namespaceLister = s.factory.Core().V1().Namespaces().Lister()
 	sliceInformer := s.factory.Resource().V1().ResourceSlices().Informer()
 	// Slices by node, so a commit reads one node's slices, not the cluster's.
 	if err := sliceInformer.AddIndexers(cache.Indexers{sliceNodeIndex: func(obj any) ([]string, error) {
@@ -203,6 +206,7 @@ func New(opts Options) (*Scheduler, error) {
 		s.factory.Core().V1().PersistentVolumeClaims().Informer(),
 		s.factory.Core().V1().PersistentVolumes().Informer(),
 		s.factory.Storage().V1().StorageClasses().Informer(),
+		s.factory.Core().V1().Namespaces().Informer(),
 		s.queueInformer, s.groupInformer,
 	} {
 		if _, err := inf.AddEventHandler(kick); err != nil {

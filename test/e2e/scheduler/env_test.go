@@ -188,8 +188,10 @@ type podSpec struct {
 	limits   v1.ResourceList // e.g. an extended resource (requests default to limits)
 	pvc      string          // a PersistentVolumeClaim mounted as volume "data"
 	ports    []v1.ContainerPort
-	// annotations are added to the pod's.
-	annotations map[string]string
+	// annotations and labels are added to the pod's.
+	annotations, labels map[string]string
+	affinity            *v1.Affinity
+	nodeSelector        map[string]string
 }
 
 func (e *env) createPod(p podSpec) *v1.Pod {
@@ -218,6 +220,9 @@ func (e *env) createPod(p podSpec) *v1.Pod {
 	pod.Spec.Containers[0].Resources.Limits = p.limits
 	pod.Spec.Containers[0].Ports = p.ports
 	maps.Copy(pod.Annotations, p.annotations)
+	maps.Copy(pod.Labels, p.labels)
+	pod.Spec.Affinity = p.affinity
+	pod.Spec.NodeSelector = p.nodeSelector
 	if p.pvc != "" {
 		pod.Spec.Volumes = []v1.Volume{{Name: "data", VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: p.pvc}}}}
 	}

@@ -442,6 +442,44 @@ func TestConstraints(t *testing.T) {
 		}
 	})
 
+	// Required pod anti-affinity keeps replicas apart; required pod
+	// affinity puts a pod beside the one it needs.
+	t.Run("pod affinity", func(t *testing.T) {
+		term := func(key, value string) []v1.PodAffinityTerm {
+			return []v1.PodAffinityTerm{{TopologyKey: "kubernetes.io/hostname", LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{key: value}}}}
+		}
+		replicas := []string{"web-0", "web-1", "web-2"}
+		for _, n := range replicas {
+			e.createPod(podSpec{name: n, tolerate: "dedicated", labels: map[string]string{"app": "web"},
+				affinity: &v1.Affinity{PodAntiAffinity: &v1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: term("app", "web")}}})
+		}
+		e.eventually("two replicas on different nodes, the third pending", 60*time.Second, func() (bool, string) {
+			nodes := map[string]bool{}
+			var waiting string
+			for _, n := range replicas {
+				p := e.pod(n)
+				if p.Spec.NodeName == "" {
+					waiting = pendingReason(p)
+					continue
+				}
+				if nodes[p.Spec.NodeName] {
+					t.Fatalf("two web replicas on %s", p.Spec.NodeName)
+				}
+				nodes[p.Spec.NodeName] = true
+			}
+			want := "required pod anti-affinity"
+			return len(nodes) == 2 && contains(waiting, want), fmt.Sprintf("nodes %v; waiting: %s (want %q)", nodes, waiting, want)
+		})
+		e.createPod(podSpec{name: "cache", tolerate: "dedicated", labels: map[string]string{"tier": "cache"}, nodeSelector: map[string]string{"kubernetes.io/hostname": "plain"}})
+		e.waitBound("cache")
+		e.createPod(podSpec{name: "reader", tolerate: "dedicated",
+			affinity: &v1.Affinity{PodAffinity: &v1.PodAffinity{RequiredDuringSchedulingIgnoredDuringExecution: term("tier", "cache")}}})
+		e.waitBound("reader")
+		if n := e.pod("reader").Spec.NodeName; n != "plain" {
+			t.Fatalf("reader on %s; the cache it needs is on plain", n)
+		}
+	})
+
 	// Two pods asking the same host port never share a node (the kubelet
 	// would refuse the second): with two nodes, the third waits.
 	t.Run("host ports", func(t *testing.T) {

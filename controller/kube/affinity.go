@@ -1,0 +1,122 @@
+package kube
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// podTerms turns the required podAntiAffinity and podAffinity terms of the
+// snapshot's pods into the core's named terms (core.Snapshot.AntiAffinity
+// and core.Pod.Matches/Avoids/Needs). A term is named by everything that
+// decides which pods it selects and how far apart it keeps them, so alike
+// terms of many pods (the replicas of one Deployment) are one term.
+type podTerms struct {
+	byName map[string]*podTerm
+	names  []string // sorted
+	// nsLabels returns a namespace's labels (nil when unknown).
+	nsLabels func(ns string) map[string]string
+}
+
+type podTerm struct {
+	name       string
+	topology   string
+	namespaces []string        // the union with nsSelector; own namespace when both are unset
+	nsSelector labels.Selector // nil when unset
+	selector   labels.Selector // nil selects nothing
+}
+
+func newPodTerms(nsLabels func(string) map[string]string) *podTerms {
+	return &podTerms{byName: map[string]*podTerm{}, nsLabels: nsLabels}
+}
+
+// affinityTerms returns the pod's required anti-affinity and affinity terms.
+func affinityTerms(pod *v1.Pod) (anti, affinity []v1.PodAffinityTerm) {
+	a := pod.Spec.Affinity
+	if a == nil {
+		return nil, nil
+	}
+	if a.PodAntiAffinity != nil {
+		anti = a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+	}
+	if a.PodAffinity != nil {
+		affinity = a.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+	}
+	return anti, affinity
+}
+
+// add registers the pod's terms and returns their names.
+func (t *podTerms) add(pod *v1.Pod, terms []v1.PodAffinityTerm) ([]string, error) {
+	var names []string
+	for i := range terms {
+		term := &terms[i]
+		pt := &podTerm{topology: term.TopologyKey, namespaces: slices.Clone(term.Namespaces)}
+		if term.NamespaceSelector == nil && len(pt.namespaces) == 0 {
+			pt.namespaces = []string{pod.Namespace}
+		}
+		slices.Sort(pt.namespaces)
+		var err error
+		if term.NamespaceSelector != nil {
+			if pt.nsSelector, err = metav1.LabelSelectorAsSelector(term.NamespaceSelector); err != nil {
+				return nil, fmt.Errorf("pod affinity term %d: namespaceSelector: %w", i, err)
+			}
+		}
+		if term.LabelSelector != nil {
+			if pt.selector, err = metav1.LabelSelectorAsSelector(term.LabelSelector); err != nil {
+				return nil, fmt.Errorf("pod affinity term %d: labelSelector: %w", i, err)
+			}
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s|%s|", pt.topology, strings.Join(pt.namespaces, ","))
+		if pt.nsSelector != nil {
+			b.WriteString("ns:" + pt.nsSelector.String())
+		}
+		b.WriteString("|")
+		if pt.selector != nil {
+			b.WriteString("sel:" + pt.selector.String())
+		}
+		pt.name = b.String()
+		if _, ok := t.byName[pt.name]; !ok {
+			t.byName[pt.name] = pt
+			t.names = append(t.names, pt.name)
+		}
+		if !slices.Contains(names, pt.name) {
+			names = append(names, pt.name)
+		}
+	}
+	return names, nil
+}
+
+// matches returns the names of the terms that select the pod.
+func (t *podTerms) matches(pod *v1.Pod) []string {
+	var out []string
+	podLabels := labels.Set(pod.Labels)
+	for _, name := range t.names {
+		pt := t.byName[name]
+		if pt.selector == nil || !pt.selector.Matches(podLabels) {
+			continue
+		}
+		if !slices.Contains(pt.namespaces, pod.Namespace) &&
+			(pt.nsSelector == nil || !pt.nsSelector.Matches(labels.Set(t.nsLabels(pod.Namespace)))) {
+			continue
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+// topologies maps every term to its topology label, for core.Snapshot.
+func (t *podTerms) topologies() map[string]string {
+	if len(t.names) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(t.names))
+	for name, pt := range t.byName {
+		out[name] = pt.topology
+	}
+	return out
+}
