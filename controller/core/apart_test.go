@@ -59,7 +59,7 @@ func TestAntiAffinity(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			snap := &Snapshot{Nodes: c.nodes, AntiAffinity: c.terms, Queues: []Queue{queue("q", "", -1, -1, 1)}}
+			snap := &Snapshot{Nodes: c.nodes, PodTerms: c.terms, Queues: []Queue{queue("q", "", -1, -1, 1)}}
 			if len(c.running) > 0 {
 				snap.Jobs = append(snap.Jobs, Job{Name: "old", Queue: "q", Priority: 100, Pods: c.running})
 			}
@@ -88,7 +88,7 @@ func TestAntiAffinity(t *testing.T) {
 func TestAntiAffinityPreempt(t *testing.T) {
 	n := node("a", 8)
 	n.Labels = map[string]string{"kubernetes.io/hostname": "a"}
-	snap := &Snapshot{Nodes: []Node{n}, AntiAffinity: map[string]string{"t": "kubernetes.io/hostname"}, Queues: []Queue{queue("q", "", -1, -1, 1)}}
+	snap := &Snapshot{Nodes: []Node{n}, PodTerms: map[string]string{"t": "kubernetes.io/hostname"}, Queues: []Queue{queue("q", "", -1, -1, 1)}}
 	snap.Jobs = []Job{
 		{Name: "low", Queue: "q", Priority: 10, Preemptible: true, Pods: []Pod{{Name: "low", Request: Request{GPUs: 1}, Matches: []string{"t"},
 			Phase: PodRunning, Placement: Placement{Node: "a", GPUs: []int{0}}}}},
@@ -106,7 +106,7 @@ func TestAntiAffinityUnknownTerm(t *testing.T) {
 		Jobs: []Job{{Name: "j", Queue: "q", Pods: []Pod{{Name: "p", Avoids: []string{"nope"}}}}}}
 	_, err := Schedule(snap, Config{})
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), `anti-affinity term "nope" is not in the snapshot's AntiAffinity`)
+	assert.Contains(t, err.Error(), `anti-affinity term "nope" is not in the snapshot's PodTerms`)
 }
 
 // Required pod affinity: a pod runs only in a domain where a pod it needs
@@ -167,7 +167,7 @@ func TestPodAffinity(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			snap := &Snapshot{Nodes: c.nodes, AntiAffinity: map[string]string{"cache": zone, "grp": zone}, Queues: []Queue{queue("q", "", -1, -1, 1)}}
+			snap := &Snapshot{Nodes: c.nodes, PodTerms: map[string]string{"cache": zone, "grp": zone}, Queues: []Queue{queue("q", "", -1, -1, 1)}}
 			if len(c.running) > 0 {
 				snap.Jobs = append(snap.Jobs, Job{Name: "old", Queue: "q", Priority: 100, Pods: c.running})
 			}
@@ -188,4 +188,73 @@ func TestPodAffinity(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Topology spread (DoNotSchedule): a pod joins a domain only while the
+// pods the term selects stay within maxSkew of the emptiest domain it could
+// use.
+func TestTopologySpread(t *testing.T) {
+	const zone = "topology.kubernetes.io/zone"
+	zoned := func(name, z string) Node {
+		n := node(name, 8)
+		if z != "" {
+			n.Labels = map[string]string{zone: z}
+		}
+		return n
+	}
+	replica := func(name string, minDomains int) Pod {
+		return Pod{Name: name, Request: Request{GPUs: 1}, Matches: []string{"web"}, Spread: []SpreadConstraint{{Term: "web", MaxSkew: 1, MinDomains: minDomains}}}
+	}
+	cases := []struct {
+		name    string
+		nodes   []Node
+		pending []Pod
+		want    map[string]string
+		reason  map[string]string
+	}{
+		{
+			name:  "across zones against bin-packing",
+			nodes: []Node{zoned("a", "z1"), zoned("b", "z1"), zoned("c", "z2")},
+			// Bin-packing alone would put all three on a.
+			pending: []Pod{replica("r0", 0), replica("r1", 0), replica("r2", 0), replica("r3", 0)},
+			want:    map[string]string{"r0": "a", "r1": "c", "r2": "a", "r3": "c"},
+		},
+		{
+			name:    "nodes without the label are out",
+			nodes:   []Node{zoned("a", "")},
+			pending: []Pod{replica("r0", 0)},
+			want:    map[string]string{"r0": ""},
+			reason:  map[string]string{"r0": "every node it could use would break its topology spread (maxSkew)"},
+		},
+		{
+			name:    "fewer domains than minDomains: the fewest counts as 0",
+			nodes:   []Node{zoned("a", "z1"), zoned("c", "z2")},
+			pending: []Pod{replica("r0", 3), replica("r1", 3), replica("r2", 3)},
+			want:    map[string]string{"r0": "a", "r1": "c", "r2": ""},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			snap := &Snapshot{Nodes: c.nodes, PodTerms: map[string]string{"web": zone}, Queues: []Queue{queue("q", "", -1, -1, 1)}}
+			for i, p := range c.pending {
+				snap.Jobs = append(snap.Jobs, Job{Name: p.Name, Queue: "q", Priority: 100, CreatedAt: time.Unix(int64(i), 0), Pods: []Pod{p}})
+			}
+			res := mustSchedule(t, snap, Config{})
+			got := map[string]string{}
+			for _, p := range c.pending {
+				got[p.Name] = ""
+			}
+			for _, b := range res.Binds {
+				got[b.Pod] = b.Placement.Node
+			}
+			assert.Equal(t, c.want, got)
+			for pod, want := range c.reason {
+				assert.Equal(t, want, pendingReason(res, pod))
+			}
+		})
+	}
+	snap := &Snapshot{Nodes: []Node{node("a", 1)}, PodTerms: map[string]string{"web": zone}, Queues: []Queue{NewQueue("q", "")},
+		Jobs: []Job{{Name: "j", Queue: "q", Pods: []Pod{{Name: "p", Spread: []SpreadConstraint{{Term: "web", MaxSkew: 0}}}}}}}
+	_, err := Schedule(snap, Config{})
+	assert.ErrorContains(t, err, `spread term "web": maxSkew 0 must be at least 1`)
 }

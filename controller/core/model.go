@@ -57,16 +57,17 @@ type Snapshot struct {
 	Nodes  []Node
 	Queues []Queue
 	Jobs   []Job
-	// AntiAffinity names the terms of Kubernetes' required pod
-	// (anti-)affinity, each mapped to its topology: the node label whose
-	// value is a domain ("kubernetes.io/hostname": each node its own). A
-	// pod that Avoids a term may not run in a domain where a pod that
-	// Matches it runs, nor the other way round; nodes without the label are
-	// in no domain, so that term does not hold there. A pod that Needs a
-	// term runs only in a domain where a pod that Matches it runs — or
-	// anywhere with the label when no pod matches it yet and the pod matches
-	// every term it needs itself (the first of a group).
-	AntiAffinity map[string]string
+	// PodTerms names the pod selectors of Kubernetes' required pod
+	// (anti-)affinity and topology spread, each mapped to its topology: the
+	// node label whose value is a domain ("kubernetes.io/hostname": each
+	// node its own). A pod that Avoids a term may not run in a domain where
+	// a pod that Matches it runs, nor the other way round; nodes without
+	// the label are in no domain, so that term does not hold there. A pod
+	// that Needs a term runs only in a domain where a pod that Matches it
+	// runs — or anywhere with the label when no pod matches it yet and the
+	// pod matches every term it needs itself (the first of a group). Spread
+	// constraints are on Pod.Spread.
+	PodTerms map[string]string
 }
 
 // Node is a schedulable node.
@@ -245,12 +246,14 @@ type Pod struct {
 	// consulted for the pod's existing placement. nil (the fast path)
 	// allows every node and GPU.
 	Feasible func(node string, gpu int) bool
-	// Matches, Avoids and Needs name terms of Snapshot.AntiAffinity: the
+	// Matches, Avoids and Needs name terms of Snapshot.PodTerms: the
 	// terms whose selector the pod matches, its own anti-affinity terms and
 	// its own affinity terms.
 	Matches []string
 	Avoids  []string
 	Needs   []string
+	// Spread constraints (topology spread, DoNotSchedule) must all hold.
+	Spread []SpreadConstraint
 	// Pinned pods are never moved by consolidation (a move evicts the pod
 	// and counts on its controller to recreate it; a bare pod would be
 	// lost). They may still be reclaimed or preempted.
@@ -370,4 +373,16 @@ type JobStatus struct {
 type Timing struct {
 	Action   Action
 	Duration time.Duration
+}
+
+// SpreadConstraint is a topology spread constraint: the pod runs only on a node with
+// the term's label, in a domain where the pods the term selects (this pod
+// too, when it matches) would exceed the fewest in any domain by at most
+// MaxSkew. The domains counted are those of the nodes the pod could use
+// (its node selector and Feasible); with fewer than MinDomains of them the
+// fewest counts as 0.
+type SpreadConstraint struct {
+	Term       string
+	MaxSkew    int
+	MinDomains int
 }

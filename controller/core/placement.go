@@ -127,8 +127,9 @@ const (
 	failSelector
 	failModel
 	failFeasible
-	failApart // required pod anti-affinity
-	failNear  // required pod affinity
+	failApart  // required pod anti-affinity
+	failNear   // required pod affinity
+	failSpread // topology spread
 	failGPUCount
 	failNVLink
 	failFraction
@@ -197,6 +198,9 @@ func fitOnNode(p *podState, n *nodeState) (pl *plan, why failKind, nvBest int) {
 	}
 	if p.needs != nil && !nearOK(p, n) {
 		return nil, failNear, 0
+	}
+	if p.spread != nil && !spreadOK(p, n) {
+		return nil, failSpread, 0
 	}
 	r := &p.req
 	if n.usedCPU+r.CPU > n.cpu {
@@ -344,7 +348,7 @@ func fractionOn(r *Request, g *gpuState) (milli, mem int64) {
 // chosen; the scan itself allocates nothing.
 func (s *session) bestNode(p *podState) *plan {
 	r := &p.req
-	if r.IsFraction() || (r.GPUs > 1 && r.NVLink == NVLinkRequired) || len(p.models) > 0 || p.feasible != nil || p.matches != nil || p.avoids != nil || p.needs != nil {
+	if r.IsFraction() || (r.GPUs > 1 && r.NVLink == NVLinkRequired) || len(p.models) > 0 || p.feasible != nil || p.matches != nil || p.avoids != nil || p.needs != nil || p.spread != nil {
 		return s.bestNodeSlow(p)
 	}
 	used := int64(r.GPUs) * 1000
@@ -408,6 +412,9 @@ func (s *session) whyNot(p *podState) string {
 	if n := counts[failApart] + counts[failNear]; n > 0 && !strings.Contains(why, "pod affinity") && !strings.Contains(why, "pod anti-affinity") {
 		why += fmt.Sprintf("; %s ruled out by required pod (anti-)affinity", plural(n, "node"))
 	}
+	if n := counts[failSpread]; n > 0 && !strings.Contains(why, "topology spread") {
+		why += fmt.Sprintf("; %s ruled out by topology spread", plural(n, "node"))
+	}
 	return why
 }
 
@@ -446,7 +453,10 @@ func (s *session) whyNotCounted(p *podState) (string, map[failKind]int) {
 	switch {
 	case len(s.nodes) == 0:
 		return "the cluster has no nodes", counts
-	case counts[failUnschedulable]+counts[failSelector]+counts[failModel]+counts[failFeasible]+counts[failApart]+counts[failNear] == len(s.nodes):
+	case counts[failUnschedulable]+counts[failSelector]+counts[failModel]+counts[failFeasible]+counts[failApart]+counts[failNear]+counts[failSpread] == len(s.nodes):
+		if counts[failSpread] > 0 {
+			return "every node it could use would break its topology spread (maxSkew)", counts
+		}
 		if counts[failNear] > 0 {
 			return "no node it could use is in a domain with the pods it must run near (required pod affinity)", counts
 		}

@@ -170,7 +170,7 @@ func (s *session) markPipelined(res *Result, bound []*podState) {
 		if !p.node.evicted {
 			continue
 		}
-		if p.matches != nil || p.avoids != nil || p.needs != nil {
+		if p.matches != nil || p.avoids != nil || p.needs != nil || p.spread != nil {
 			// (Anti-)affinity with a victim is not tracked in transit:
 			// such a bind waits for the node's victims to be gone.
 			b.Pipelined = true

@@ -63,9 +63,11 @@ type podState struct {
 	// matches, avoids and needs are Pod.Matches, .Avoids and .Needs as term
 	// indices.
 	matches, avoids, needs []int
-	feasible               func(node string, gpu int) bool
-	pinned                 bool
-	phase                  PodPhase
+	// spread are Pod.Spread, with the domains counted for each.
+	spread   []spreadState
+	feasible func(node string, gpu int) bool
+	pinned   bool
+	phase    PodPhase
 	// res is what the pod counts for its queue; res[ResGPU] is an estimate
 	// while pending and exact once placed.
 	res Resources
@@ -174,8 +176,20 @@ type session struct {
 	terms     termState
 }
 
-// termState counts, per term, the placed pods that match it anywhere.
-type termState struct{ matching []int }
+// spreadState is one spread constraint of a pod: its term, and the domains
+// of the nodes the pod could use (found once per cycle, on first use).
+type spreadState struct {
+	term, maxSkew, minDomains int
+	domains                   []*apartCount
+	found                     bool
+}
+
+// termState counts, per term, the placed pods that match it anywhere, and
+// knows the nodes, for spread constraints' domains.
+type termState struct {
+	matching []int
+	nodes    []*nodeState
+}
 
 // apartCount is one topology domain's pods for one anti-affinity term.
 type apartCount struct{ matching, avoiding int }
@@ -359,7 +373,7 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 			ns.terms = &s.terms
 			ns.apart = make([]*apartCount, len(s.termNames))
 			for k, name := range s.termNames {
-				if v, ok := n.Labels[snap.AntiAffinity[name]]; ok {
+				if v, ok := n.Labels[snap.PodTerms[name]]; ok {
 					d := domains[k][v]
 					if d == nil {
 						d = &apartCount{}
@@ -400,6 +414,7 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 		s.nodes = append(s.nodes, ns)
 		s.nodeByN[n.Name] = ns
 	}
+	s.terms.nodes = s.nodes
 
 	// Queues: a tree under a virtual root.
 	s.root = &queueState{name: "", depth: 0}
@@ -529,10 +544,20 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 		for _, name := range terms.names {
 			k, ok := s.termByN[name]
 			if !ok {
-				return nil, fmt.Errorf("anti-affinity term %q is not in the snapshot's AntiAffinity", name)
+				return nil, fmt.Errorf("anti-affinity term %q is not in the snapshot's PodTerms", name)
 			}
 			*terms.dst = append(*terms.dst, k)
 		}
+	}
+	for _, c := range p.Spread {
+		k, ok := s.termByN[c.Term]
+		if !ok {
+			return nil, fmt.Errorf("spread term %q is not in the snapshot's PodTerms", c.Term)
+		}
+		if c.MaxSkew < 1 {
+			return nil, fmt.Errorf("spread term %q: maxSkew %d must be at least 1", c.Term, c.MaxSkew)
+		}
+		ps.spread = append(ps.spread, spreadState{term: k, maxSkew: c.MaxSkew, minDomains: max(c.MinDomains, 1)})
 	}
 	for name, v := range r.Other {
 		if v < 0 {
@@ -662,7 +687,7 @@ func (s *session) resolvePlacement(p *podState, in *Placement) (*plan, error) {
 func shapeKey(p *podState) string {
 	var b strings.Builder
 	r := p.req
-	fmt.Fprintf(&b, "%d/%d/%d/%s/%s/%d/%d/%v/%v/%v/%v|", r.GPUs, r.GPUMilli, r.GPUMemory, r.Sharing, r.NVLink, r.CPU, r.Memory, p.other, p.matches, p.avoids, p.needs)
+	fmt.Fprintf(&b, "%d/%d/%d/%s/%s/%d/%d/%v/%v/%v/%v/%v|", r.GPUs, r.GPUMilli, r.GPUMemory, r.Sharing, r.NVLink, r.CPU, r.Memory, p.other, p.matches, p.avoids, p.needs, p.spread)
 	keys := make([]string, 0, len(p.selector))
 	for k := range p.selector {
 		keys = append(keys, k)
@@ -729,11 +754,11 @@ func otherFits(p *podState, n *nodeState) (bool, int) {
 // indexTerms numbers the anti-affinity terms and returns an empty domain
 // map per term.
 func (s *session) indexTerms(snap *Snapshot) ([]map[string]*apartCount, error) {
-	if len(snap.AntiAffinity) == 0 {
+	if len(snap.PodTerms) == 0 {
 		return nil, nil
 	}
 	s.termByN = map[string]int{}
-	for name, topo := range snap.AntiAffinity {
+	for name, topo := range snap.PodTerms {
 		if topo == "" {
 			return nil, fmt.Errorf("anti-affinity term %q: empty topology label", name)
 		}
@@ -779,4 +804,50 @@ func apartOK(p *podState, n *nodeState) bool {
 		}
 	}
 	return true
+}
+
+// spreadOK reports whether placing p on n keeps each of its spread
+// constraints.
+func spreadOK(p *podState, n *nodeState) bool {
+	for i := range p.spread {
+		c := &p.spread[i]
+		d := n.apart[c.term]
+		if d == nil {
+			return false // no domain: the constraint cannot be met here
+		}
+		if !c.found {
+			c.domains, c.found = spreadDomains(p, n.terms.nodes, c.term), true
+		}
+		fewest := 0
+		if len(c.domains) >= c.minDomains {
+			fewest = c.domains[0].matching
+			for _, x := range c.domains[1:] {
+				fewest = min(fewest, x.matching)
+			}
+		}
+		self := 0
+		if slices.Contains(p.matches, c.term) {
+			self = 1
+		}
+		if d.matching+self-fewest > c.maxSkew {
+			return false
+		}
+	}
+	return true
+}
+
+// spreadDomains lists the distinct domains of term k among the nodes p
+// could use (its node selector, Feasible, schedulable).
+func spreadDomains(p *podState, nodes []*nodeState, k int) []*apartCount {
+	var out []*apartCount
+	seen := map[*apartCount]bool{}
+	for _, n := range nodes {
+		d := n.apart[k]
+		if d == nil || seen[d] || staticFit(p, n) != fitOK {
+			continue
+		}
+		seen[d] = true
+		out = append(out, d)
+	}
+	return out
 }
