@@ -8,10 +8,12 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/tessera-gpu/tessera/controller/core"
 )
 
 // podTerms turns the required podAntiAffinity and podAffinity terms of the
-// snapshot's pods into the core's named terms (core.Snapshot.AntiAffinity
+// snapshot's pods into the core's named terms (core.Snapshot.PodTerms
 // and core.Pod.Matches/Avoids/Needs). A term is named by everything that
 // decides which pods it selects and how far apart it keeps them, so alike
 // terms of many pods (the replicas of one Deployment) are one term.
@@ -107,6 +109,38 @@ func (t *podTerms) matches(pod *v1.Pod) []string {
 		out = append(out, name)
 	}
 	return out
+}
+
+// spread registers the pod's DoNotSchedule topology spread constraints as
+// terms (the pod's namespace; matchLabelKeys folded into the selector with
+// the pod's values) and returns them for the core. ScheduleAnyway
+// constraints are preferences, and not used.
+func (t *podTerms) spread(pod *v1.Pod) ([]core.SpreadConstraint, error) {
+	var out []core.SpreadConstraint
+	for i := range pod.Spec.TopologySpreadConstraints {
+		c := &pod.Spec.TopologySpreadConstraints[i]
+		if c.WhenUnsatisfiable != v1.DoNotSchedule {
+			continue
+		}
+		sel := c.LabelSelector.DeepCopy()
+		if sel != nil && len(c.MatchLabelKeys) > 0 {
+			for _, key := range c.MatchLabelKeys {
+				if v, ok := pod.Labels[key]; ok {
+					sel.MatchExpressions = append(sel.MatchExpressions, metav1.LabelSelectorRequirement{Key: key, Operator: metav1.LabelSelectorOpIn, Values: []string{v}})
+				}
+			}
+		}
+		names, err := t.add(pod, []v1.PodAffinityTerm{{TopologyKey: c.TopologyKey, LabelSelector: sel, Namespaces: []string{pod.Namespace}}})
+		if err != nil {
+			return nil, fmt.Errorf("topology spread constraint %d: %w", i, err)
+		}
+		minDomains := 1
+		if c.MinDomains != nil {
+			minDomains = int(*c.MinDomains)
+		}
+		out = append(out, core.SpreadConstraint{Term: names[0], MaxSkew: int(c.MaxSkew), MinDomains: minDomains})
+	}
+	return out, nil
 }
 
 // topologies maps every term to its topology label, for core.Snapshot.

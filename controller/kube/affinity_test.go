@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 )
 
 func TestPodTerms(t *testing.T) {
@@ -43,4 +44,24 @@ func TestPodTerms(t *testing.T) {
 
 	_, err = terms.add(owner, []v1.PodAffinityTerm{{TopologyKey: "zone", LabelSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "a", Operator: "Sometimes"}}}}})
 	assert.ErrorContains(t, err, "pod affinity term 0: labelSelector")
+}
+
+func TestSpreadTerms(t *testing.T) {
+	terms := newPodTerms(func(string) map[string]string { return nil })
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Labels: map[string]string{"app": "web", "rev": "7"}}}
+	pod.Spec.TopologySpreadConstraints = []v1.TopologySpreadConstraint{
+		{MaxSkew: 1, TopologyKey: "zone", WhenUnsatisfiable: v1.DoNotSchedule, LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, MatchLabelKeys: []string{"rev"}, MinDomains: ptr.To(int32(3))},
+		{MaxSkew: 1, TopologyKey: "kubernetes.io/hostname", WhenUnsatisfiable: v1.ScheduleAnyway, LabelSelector: &metav1.LabelSelector{}},
+	}
+	got, err := terms.spread(pod)
+	require.NoError(t, err)
+	require.Len(t, got, 1, "ScheduleAnyway is a preference, not used")
+	assert.Equal(t, 1, got[0].MaxSkew)
+	assert.Equal(t, 3, got[0].MinDomains)
+	assert.Equal(t, "zone", terms.topologies()[got[0].Term])
+	older := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Labels: map[string]string{"app": "web", "rev": "6"}}}
+	assert.Empty(t, terms.matches(older), "matchLabelKeys: another revision is not counted")
+	assert.Equal(t, []string{got[0].Term}, terms.matches(pod))
+	other := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "elsewhere", Labels: pod.Labels}}
+	assert.Empty(t, terms.matches(other), "spread counts the pod's namespace only")
 }

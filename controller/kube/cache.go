@@ -219,6 +219,7 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 	terms := newPodTerms(s.namespaceLabels)
 	type ownTerms struct {
 		avoids, needs []string
+		spread        []core.SpreadConstraint
 		err           error
 	}
 	termsOf := map[types.UID]ownTerms{}
@@ -228,16 +229,18 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 			continue
 		}
 		anti, aff := affinityTerms(pod)
-		if len(anti)+len(aff) == 0 {
+		if len(anti)+len(aff)+len(pod.Spec.TopologySpreadConstraints) == 0 {
 			continue
 		}
 		var own ownTerms
 		if own.avoids, own.err = terms.add(pod, anti); own.err == nil {
-			own.needs, own.err = terms.add(pod, aff)
+			if own.needs, own.err = terms.add(pod, aff); own.err == nil {
+				own.spread, own.err = terms.spread(pod)
+			}
 		}
 		termsOf[pod.UID] = own
 	}
-	snap.AntiAffinity = terms.topologies()
+	snap.PodTerms = terms.topologies()
 	jobs := map[string]*core.Job{}
 	var jobOrder []string
 	seen := make(map[types.UID]bool, len(pods))
@@ -283,14 +286,14 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 			continue
 		}
 		cp := core.Pod{Name: key, Request: e.req, NodeSelector: pod.Spec.NodeSelector, Phase: core.PodPending}
-		if snap.AntiAffinity != nil {
+		if snap.PodTerms != nil {
 			own := termsOf[pod.UID]
 			if own.err != nil && !bound {
 				idx.problems = append(idx.problems, core.PendingPod{Pod: key, Reason: own.err.Error()})
 				idx.pods[key] = &podRef{pod: pod}
 				continue
 			}
-			cp.Matches, cp.Avoids, cp.Needs = terms.matches(pod), own.avoids, own.needs
+			cp.Matches, cp.Avoids, cp.Needs, cp.Spread = terms.matches(pod), own.avoids, own.needs, own.spread
 		}
 		if ours {
 			f, err := s.feasibility(pod, e.claims, idx)

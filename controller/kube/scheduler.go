@@ -79,10 +79,10 @@ type Scheduler struct {
 	storageClassLister storagelisters.StorageClassLister
 	// Namespaces, for pod affinity terms with a namespaceSelector.
 	namespaceLister corelisters.NamespaceLister
-	sliceIndexer       cache.Indexer
-	queueInformer      cache.SharedIndexInformer
-	groupInformer      cache.SharedIndexInformer
-	celCache           *cel.Cache
+	sliceIndexer    cache.Indexer
+	queueInformer   cache.SharedIndexInformer
+	groupInformer   cache.SharedIndexInformer
+	celCache        *cel.Cache
 
 	kick chan struct{}
 

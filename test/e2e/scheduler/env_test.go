@@ -192,6 +192,7 @@ type podSpec struct {
 	annotations, labels map[string]string
 	affinity            *v1.Affinity
 	nodeSelector        map[string]string
+	spread              []v1.TopologySpreadConstraint
 }
 
 func (e *env) createPod(p podSpec) *v1.Pod {
@@ -223,6 +224,7 @@ func (e *env) createPod(p podSpec) *v1.Pod {
 	maps.Copy(pod.Labels, p.labels)
 	pod.Spec.Affinity = p.affinity
 	pod.Spec.NodeSelector = p.nodeSelector
+	pod.Spec.TopologySpreadConstraints = p.spread
 	if p.pvc != "" {
 		pod.Spec.Volumes = []v1.Volume{{Name: "data", VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: p.pvc}}}}
 	}

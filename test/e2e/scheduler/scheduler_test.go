@@ -480,6 +480,28 @@ func TestConstraints(t *testing.T) {
 		}
 	})
 
+	// Topology spread (DoNotSchedule) evens replicas out over the nodes,
+	// against bin-packing's preference for the fuller one.
+	t.Run("topology spread", func(t *testing.T) {
+		var names []string
+		for i := 0; i < 4; i++ {
+			n := fmt.Sprintf("spread-%d", i)
+			names = append(names, n)
+			e.createPod(podSpec{name: n, tolerate: "dedicated", labels: map[string]string{"app": "spread"}, spread: []v1.TopologySpreadConstraint{{
+				MaxSkew: 1, TopologyKey: "kubernetes.io/hostname", WhenUnsatisfiable: v1.DoNotSchedule,
+				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "spread"}},
+			}}})
+		}
+		e.waitBound(names...)
+		nodes := map[string]int{}
+		for _, n := range names {
+			nodes[e.pod(n).Spec.NodeName]++
+		}
+		if nodes["plain"] != 2 || nodes["dedicated"] != 2 {
+			t.Fatalf("replicas per node %v; want 2 and 2", nodes)
+		}
+	})
+
 	// Two pods asking the same host port never share a node (the kubelet
 	// would refuse the second): with two nodes, the third waits.
 	t.Run("host ports", func(t *testing.T) {
