@@ -46,6 +46,13 @@ type cycleIndex struct {
 	// snapshot counts them as bound on their claims' node, and the commit
 	// binds them there.
 	adopt []adoptee
+	// releasing maps Tessera devices ("pool/gpu-3") still allocated to a
+	// claim whose pods are all gone to that claim ("ns/name"). The core
+	// is not told of them (kube-controller-manager is deallocating them;
+	// counting them made it evict for room about to free), so it may
+	// place a pod there; the commit then waits for the release instead of
+	// failing the bind.
+	releasing map[string]string
 }
 
 type adoptee struct {
@@ -548,8 +555,20 @@ func heldNode(claims []*resourceapi.ResourceClaim, poolNode map[string]string) s
 func (s *Scheduler) addUnattributedClaims(idx *cycleIndex, attributed map[types.UID]bool, poolNode map[string]string, jobs map[string]*core.Job, jobOrder *[]string) {
 	var held []*resourceapi.ResourceClaim
 	for _, c := range idx.claims {
-		if c.Status.Allocation != nil && !attributed[c.UID] && stillHeld(c, s.podLister) {
+		if c.Status.Allocation == nil || attributed[c.UID] {
+			continue
+		}
+		if stillHeld(c, s.podLister) {
 			held = append(held, c)
+			continue
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if r.Driver == DriverName {
+				if idx.releasing == nil {
+					idx.releasing = map[string]string{}
+				}
+				idx.releasing[r.Pool+"/"+r.Device] = c.Namespace + "/" + c.Name
+			}
 		}
 	}
 	// Few, usually none: sorted for a deterministic job order.

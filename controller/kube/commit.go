@@ -29,6 +29,9 @@ type commitStats struct {
 	evictionsByWhat map[core.Action]int
 	// failed maps pods whose placement could not be committed to why.
 	failed map[string]string
+	// waiting maps pods whose placement waits for a GPU being released
+	// (not a failure) to why.
+	waiting map[string]string
 }
 
 // nominationTimeout bounds how long a nominated pod waits for its victims
@@ -51,7 +54,7 @@ const pdbBackoff = time.Minute
 // Eviction API, so PodDisruptionBudgets hold), then each job's claims and
 // bindings, a job at a time and all-or-nothing.
 func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleIndex) *commitStats {
-	st := &commitStats{evictionsByWhat: map[core.Action]int{}, failed: map[string]string{}}
+	st := &commitStats{evictionsByWhat: map[core.Action]int{}, failed: map[string]string{}, waiting: map[string]string{}}
 	now := time.Now()
 	for pod, until := range s.pdbExpiry {
 		if now.After(until) {
@@ -160,6 +163,13 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 	}
 	plans := make([][]podPlan, len(jobOrder))
 	for j, job := range jobOrder {
+		if why := releasingGPU(idx, byJob[job]); why != "" {
+			// The whole job waits a cycle or two; nothing was written.
+			for _, b := range byJob[job] {
+				st.waiting[b.Pod] = why
+			}
+			continue
+		}
 		var jp []podPlan
 		var undo []func()
 		ok := true
@@ -567,4 +577,26 @@ func (s *Scheduler) releaseClaim(ctx context.Context, w writtenClaim, podUIDs se
 type writtenClaim struct {
 	claim *resourceapi.ResourceClaim
 	fresh bool
+}
+
+// releasingGPU says why binds must wait when one of the GPUs they were
+// given is still allocated to a claim of a pod that is gone ("" when none
+// is): kube-controller-manager deallocates such a claim shortly, and the
+// allocator would refuse the GPU until then.
+func releasingGPU(idx *cycleIndex, binds []core.Bind) string {
+	if len(idx.releasing) == 0 {
+		return ""
+	}
+	for _, b := range binds {
+		g := idx.gpus[b.Placement.Node]
+		if g == nil {
+			continue
+		}
+		for _, gpu := range b.Placement.GPUs {
+			if claim, ok := idx.releasing[g.pool+"/"+deviceName(gpu)]; ok {
+				return fmt.Sprintf("waiting for GPU %d of node %s: claim %s of a pod that is gone is being deallocated", gpu, b.Placement.Node, claim)
+			}
+		}
+	}
+	return ""
 }

@@ -61,7 +61,7 @@ func (m *Metrics) observeCommit(res *core.Result, idx *cycleIndex, st *commitSta
 	}
 	m.apiErrors.Add(float64(st.apiErrors.Load()))
 	m.bindFailures.Add(float64(len(st.failed)))
-	m.pendingPods.Set(float64(len(res.Pending) + len(idx.problems)))
+	m.pendingPods.Set(float64(len(res.Pending) + len(idx.problems) + len(st.failed) + len(st.waiting)))
 	for name, q := range res.Queues {
 		if name == externalQueue {
 			continue

@@ -46,6 +46,9 @@ func (s *Scheduler) report(ctx context.Context, res *core.Result, idx *cycleInde
 	for pod, why := range st.failed {
 		reasons[pod] = why
 	}
+	for pod, why := range st.waiting {
+		reasons[pod] = why
+	}
 	type update struct {
 		pod    *v1.Pod
 		reason string
