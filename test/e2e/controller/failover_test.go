@@ -103,8 +103,11 @@ func TestLeaderFailover(t *testing.T) {
 	took := time.Since(killed)
 	t.Logf("take-over after %v (lease duration %v)", took.Round(time.Millisecond), leaseDuration)
 	// Retry period (500 ms, jittered) and a loaded machine on top of the
-	// lease duration.
-	if took > leaseDuration+3*time.Second {
+	// lease duration: under two CPU burners and another test package the
+	// take-over took up to 5 s of a 4 s lease; 6 s of slack keeps the check
+	// about timing (a take-over that waits for something else than the
+	// lease fails it) without failing a loaded CI machine.
+	if took > leaseDuration+6*time.Second {
 		t.Errorf("take-over took %v, lease duration %v", took, leaseDuration)
 	}
 	_, oldStops := leader.leadTimes()
