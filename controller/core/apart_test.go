@@ -2,7 +2,6 @@ package core
 
 import (
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -22,15 +21,7 @@ func TestAntiAffinity(t *testing.T) {
 	replica := func(name string) Pod {
 		return Pod{Name: name, Request: Request{GPUs: 1}, Matches: []string{"web"}, Avoids: []string{"web"}}
 	}
-	cases := []struct {
-		name    string
-		nodes   []Node
-		terms   map[string]string
-		running []Pod
-		pending []Pod
-		want    map[string]string // pod -> node, "" pending
-		reason  map[string]string
-	}{
+	cases := []placeCase{
 		{
 			name: "replicas one per node", nodes: hosts, terms: map[string]string{"web": host},
 			pending: []Pod{replica("r0"), replica("r1"), replica("r2")},
@@ -58,28 +49,9 @@ func TestAntiAffinity(t *testing.T) {
 		},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			snap := &Snapshot{Nodes: c.nodes, PodTerms: c.terms, Queues: []Queue{queue("q", "", -1, -1, 1)}}
-			if len(c.running) > 0 {
-				snap.Jobs = append(snap.Jobs, Job{Name: "old", Queue: "q", Priority: 100, Pods: c.running})
-			}
-			for i, p := range c.pending {
-				snap.Jobs = append(snap.Jobs, Job{Name: p.Name, Queue: "q", Priority: 100, CreatedAt: time.Unix(int64(i), 0), Pods: []Pod{p}})
-			}
-			res := mustSchedule(t, snap, Config{})
-			got := map[string]string{}
-			for _, p := range c.pending {
-				got[p.Name] = ""
-			}
-			for _, b := range res.Binds {
-				got[b.Pod] = b.Placement.Node
-			}
-			assert.Equal(t, c.want, got)
-			for pod, want := range c.reason {
-				assert.Equal(t, want, pendingReason(res, pod))
-			}
-		})
+		t.Run(c.name, c.run)
 	}
+
 }
 
 // Preemption can clear a conflict: the only node runs a lower-priority pod
@@ -124,14 +96,7 @@ func TestPodAffinity(t *testing.T) {
 	running := func(name, node string, matches ...string) Pod {
 		return Pod{Name: name, Request: Request{GPUs: 1}, Matches: matches, Phase: PodRunning, Placement: Placement{Node: node, GPUs: []int{0}}}
 	}
-	cases := []struct {
-		name    string
-		nodes   []Node
-		running []Pod
-		pending []Pod
-		want    map[string]string
-		reason  map[string]string
-	}{
+	cases := []placeCase{
 		{
 			name:  "near the pod it needs, against bin-packing",
 			nodes: []Node{zoned("a", "z1"), zoned("b", "z2")},
@@ -166,28 +131,12 @@ func TestPodAffinity(t *testing.T) {
 		},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			snap := &Snapshot{Nodes: c.nodes, PodTerms: map[string]string{"cache": zone, "grp": zone}, Queues: []Queue{queue("q", "", -1, -1, 1)}}
-			if len(c.running) > 0 {
-				snap.Jobs = append(snap.Jobs, Job{Name: "old", Queue: "q", Priority: 100, Pods: c.running})
-			}
-			for i, p := range c.pending {
-				snap.Jobs = append(snap.Jobs, Job{Name: p.Name, Queue: "q", Priority: 100, CreatedAt: time.Unix(int64(i), 0), Pods: []Pod{p}})
-			}
-			res := mustSchedule(t, snap, Config{})
-			got := map[string]string{}
-			for _, p := range c.pending {
-				got[p.Name] = ""
-			}
-			for _, b := range res.Binds {
-				got[b.Pod] = b.Placement.Node
-			}
-			assert.Equal(t, c.want, got)
-			for pod, want := range c.reason {
-				assert.Equal(t, want, pendingReason(res, pod))
-			}
-		})
+		if c.terms == nil {
+			c.terms = map[string]string{"cache": zone, "grp": zone}
+		}
+		t.Run(c.name, c.run)
 	}
+
 }
 
 // Topology spread (DoNotSchedule): a pod joins a domain only while the
@@ -205,13 +154,7 @@ func TestTopologySpread(t *testing.T) {
 	replica := func(name string, minDomains int) Pod {
 		return Pod{Name: name, Request: Request{GPUs: 1}, Matches: []string{"web"}, Spread: []SpreadConstraint{{Term: "web", MaxSkew: 1, MinDomains: minDomains}}}
 	}
-	cases := []struct {
-		name    string
-		nodes   []Node
-		pending []Pod
-		want    map[string]string
-		reason  map[string]string
-	}{
+	cases := []placeCase{
 		{
 			name:  "across zones against bin-packing",
 			nodes: []Node{zoned("a", "z1"), zoned("b", "z1"), zoned("c", "z2")},
@@ -234,25 +177,12 @@ func TestTopologySpread(t *testing.T) {
 		},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			snap := &Snapshot{Nodes: c.nodes, PodTerms: map[string]string{"web": zone}, Queues: []Queue{queue("q", "", -1, -1, 1)}}
-			for i, p := range c.pending {
-				snap.Jobs = append(snap.Jobs, Job{Name: p.Name, Queue: "q", Priority: 100, CreatedAt: time.Unix(int64(i), 0), Pods: []Pod{p}})
-			}
-			res := mustSchedule(t, snap, Config{})
-			got := map[string]string{}
-			for _, p := range c.pending {
-				got[p.Name] = ""
-			}
-			for _, b := range res.Binds {
-				got[b.Pod] = b.Placement.Node
-			}
-			assert.Equal(t, c.want, got)
-			for pod, want := range c.reason {
-				assert.Equal(t, want, pendingReason(res, pod))
-			}
-		})
+		if c.terms == nil {
+			c.terms = map[string]string{"web": zone}
+		}
+		t.Run(c.name, c.run)
 	}
+
 	snap := &Snapshot{Nodes: []Node{node("a", 1)}, PodTerms: map[string]string{"web": zone}, Queues: []Queue{NewQueue("q", "")},
 		Jobs: []Job{{Name: "j", Queue: "q", Pods: []Pod{{Name: "p", Spread: []SpreadConstraint{{Term: "web", MaxSkew: 0}}}}}}}
 	_, err := Schedule(snap, Config{})

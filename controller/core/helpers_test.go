@@ -2,7 +2,10 @@ package core
 
 import (
 	"fmt"
+	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
 )
 
 const gi = int64(1) << 30
@@ -108,4 +111,42 @@ func pendingReason(r *Result, pod string) string {
 		}
 	}
 	return ""
+}
+
+// placeCase is a table row of the placement tests: nodes, running pods
+// (one job), pending pods (each its own job, older first), and where each
+// pending pod must go ("" for pending) and why it waits.
+type placeCase struct {
+	name    string
+	nodes   []Node
+	terms   map[string]string // Snapshot.PodTerms
+	running []Pod
+	pending []Pod
+	want    map[string]string
+	reason  map[string]string
+}
+
+// run schedules one cycle in one queue without quota or limit and checks
+// the placements and reasons.
+func (c placeCase) run(t *testing.T) {
+	t.Helper()
+	snap := &Snapshot{Nodes: c.nodes, PodTerms: c.terms, Queues: []Queue{queue("q", "", -1, -1, 1)}}
+	if len(c.running) > 0 {
+		snap.Jobs = append(snap.Jobs, Job{Name: "old", Queue: "q", Priority: 100, Pods: c.running})
+	}
+	for i, p := range c.pending {
+		snap.Jobs = append(snap.Jobs, Job{Name: p.Name, Queue: "q", Priority: 100, CreatedAt: time.Unix(int64(i), 0), Pods: []Pod{p}})
+	}
+	res := mustSchedule(t, snap, Config{})
+	got := map[string]string{}
+	for _, p := range c.pending {
+		got[p.Name] = ""
+	}
+	for _, b := range res.Binds {
+		got[b.Pod] = b.Placement.Node
+	}
+	assert.Equal(t, c.want, got)
+	for pod, want := range c.reason {
+		assert.Equal(t, want, pendingReason(res, pod), "reason of %s", pod)
+	}
 }

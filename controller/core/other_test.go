@@ -2,7 +2,6 @@ package core
 
 import (
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -18,15 +17,7 @@ func TestOtherResources(t *testing.T) {
 	pod := func(name string, gpus int, other map[string]int64) Pod {
 		return Pod{Name: name, Request: Request{GPUs: gpus, Other: other}, Phase: PodPending}
 	}
-	cases := []struct {
-		name    string
-		nodes   []Node
-		running []Pod // placed on their Placement
-		pending []Pod
-		// want maps each pending pod to its node, or to "" for pending.
-		want       map[string]string
-		wantReason map[string]string
-	}{
+	cases := []placeCase{
 		{
 			name:    "only the node that has the resource",
 			nodes:   []Node{node("a", 8), withOther(node("b", 8), map[string]int64{widget: 1})},
@@ -34,11 +25,11 @@ func TestOtherResources(t *testing.T) {
 			want:    map[string]string{"p": "b"},
 		},
 		{
-			name:       "counted within one cycle",
-			nodes:      []Node{withOther(node("a", 8), map[string]int64{widget: 1}), withOther(node("b", 8), map[string]int64{widget: 1})},
-			pending:    []Pod{pod("p", 1, map[string]int64{widget: 1}), pod("q", 1, map[string]int64{widget: 1}), pod("r", 1, map[string]int64{widget: 1})},
-			want:       map[string]string{"p": "a", "q": "b", "r": ""},
-			wantReason: map[string]string{"r": "needs 1 example.com/widget; the most free on any node is 0"},
+			name:    "counted within one cycle",
+			nodes:   []Node{withOther(node("a", 8), map[string]int64{widget: 1}), withOther(node("b", 8), map[string]int64{widget: 1})},
+			pending: []Pod{pod("p", 1, map[string]int64{widget: 1}), pod("q", 1, map[string]int64{widget: 1}), pod("r", 1, map[string]int64{widget: 1})},
+			want:    map[string]string{"p": "a", "q": "b", "r": ""},
+			reason:  map[string]string{"r": "needs 1 example.com/widget; the most free on any node is 0"},
 		},
 		{
 			name:  "pods already there count",
@@ -52,18 +43,18 @@ func TestOtherResources(t *testing.T) {
 			want:    map[string]string{"p": "b"},
 		},
 		{
-			name:       "a resource no node has",
-			nodes:      []Node{withOther(node("a", 8), map[string]int64{"pods": 110})},
-			pending:    []Pod{pod("p", 0, map[string]int64{"pods": 1, widget: 2})},
-			want:       map[string]string{"p": ""},
-			wantReason: map[string]string{"p": "needs 2 example.com/widget; the most free on any node is 0"},
+			name:    "a resource no node has",
+			nodes:   []Node{withOther(node("a", 8), map[string]int64{"pods": 110})},
+			pending: []Pod{pod("p", 0, map[string]int64{"pods": 1, widget: 2})},
+			want:    map[string]string{"p": ""},
+			reason:  map[string]string{"p": "needs 2 example.com/widget; the most free on any node is 0"},
 		},
 		{
-			name:       "no node has all of it",
-			nodes:      []Node{withOther(node("a", 8), map[string]int64{widget: 1}), withOther(node("b", 8), map[string]int64{"example.com/gadget": 1})},
-			pending:    []Pod{pod("p", 0, map[string]int64{widget: 1, "example.com/gadget": 1})},
-			want:       map[string]string{"p": ""},
-			wantReason: map[string]string{"p": "needs 1 example.com/gadget and 1 example.com/widget; no node has all of it free"},
+			name:    "no node has all of it",
+			nodes:   []Node{withOther(node("a", 8), map[string]int64{widget: 1}), withOther(node("b", 8), map[string]int64{"example.com/gadget": 1})},
+			pending: []Pod{pod("p", 0, map[string]int64{widget: 1, "example.com/gadget": 1})},
+			want:    map[string]string{"p": ""},
+			reason:  map[string]string{"p": "needs 1 example.com/gadget and 1 example.com/widget; no node has all of it free"},
 		},
 		{
 			name:    "pods that ask nothing else ignore it",
@@ -73,30 +64,7 @@ func TestOtherResources(t *testing.T) {
 		},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			snap := &Snapshot{Nodes: c.nodes}
-			q := NewQueue("q", "")
-			q.Resources[ResGPU] = QueueResource{Quota: Unlimited, Limit: Unlimited, OverQuotaWeight: 1}
-			snap.Queues = []Queue{q}
-			if len(c.running) > 0 {
-				snap.Jobs = append(snap.Jobs, Job{Name: "old", Queue: "q", Priority: 100, Pods: c.running})
-			}
-			for i, p := range c.pending {
-				snap.Jobs = append(snap.Jobs, Job{Name: p.Name, Queue: "q", Priority: 100, Pods: []Pod{p}, CreatedAt: time.Unix(int64(i), 0)})
-			}
-			res := mustSchedule(t, snap, Config{})
-			got := map[string]string{}
-			for _, p := range c.pending {
-				got[p.Name] = ""
-			}
-			for _, b := range res.Binds {
-				got[b.Pod] = b.Placement.Node
-			}
-			assert.Equal(t, c.want, got)
-			for pod, want := range c.wantReason {
-				assert.Equal(t, want, pendingReason(res, pod), "reason of %s", pod)
-			}
-		})
+		t.Run(c.name, c.run)
 	}
 }
 
