@@ -11,7 +11,7 @@ import (
 // topology domain with a pod that matches it, in either direction, counting
 // pods placed earlier in the same cycle.
 func TestAntiAffinity(t *testing.T) {
-	const host, zone = "kubernetes.io/hostname", "topology.kubernetes.io/zone"
+	const host = "kubernetes.io/hostname"
 	labeled := func(name string, labels map[string]string) Node {
 		n := node(name, 8)
 		n.Labels = labels
@@ -81,18 +81,21 @@ func TestAntiAffinityUnknownTerm(t *testing.T) {
 	assert.Contains(t, err.Error(), `anti-affinity term "nope" is not in the snapshot's PodTerms`)
 }
 
+const zone = "topology.kubernetes.io/zone"
+
+// zoned is an 8-GPU node in zone z (no zone label when z is "").
+func zoned(name, z string) Node {
+	n := node(name, 8)
+	if z != "" {
+		n.Labels = map[string]string{zone: z}
+	}
+	return n
+}
+
 // Required pod affinity: a pod runs only in a domain where a pod it needs
 // runs; the first of a group that needs itself may go anywhere with the
 // label.
 func TestPodAffinity(t *testing.T) {
-	const zone = "topology.kubernetes.io/zone"
-	zoned := func(name, z string) Node {
-		n := node(name, 8)
-		if z != "" {
-			n.Labels = map[string]string{zone: z}
-		}
-		return n
-	}
 	running := func(name, node string, matches ...string) Pod {
 		return Pod{Name: name, Request: Request{GPUs: 1}, Matches: matches, Phase: PodRunning, Placement: Placement{Node: node, GPUs: []int{0}}}
 	}
@@ -143,14 +146,6 @@ func TestPodAffinity(t *testing.T) {
 // pods the term selects stay within maxSkew of the emptiest domain it could
 // use.
 func TestTopologySpread(t *testing.T) {
-	const zone = "topology.kubernetes.io/zone"
-	zoned := func(name, z string) Node {
-		n := node(name, 8)
-		if z != "" {
-			n.Labels = map[string]string{zone: z}
-		}
-		return n
-	}
 	replica := func(name string, minDomains int) Pod {
 		return Pod{Name: name, Request: Request{GPUs: 1}, Matches: []string{"web"}, Spread: []SpreadConstraint{{Term: "web", MaxSkew: 1, MinDomains: minDomains}}}
 	}
