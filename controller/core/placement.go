@@ -209,7 +209,7 @@ func fitOnNode(p *podState, n *nodeState) (pl *plan, why failKind, nvBest int) {
 	if n.usedMem+r.Memory > n.mem {
 		return nil, failMemory, 0
 	}
-	if ok, _ := otherFits(p, n); !ok {
+	if !otherFits(p, n) {
 		return nil, failOther, 0
 	}
 	switch {
@@ -359,10 +359,8 @@ func (s *session) bestNode(p *podState) *plan {
 		if n.freeWhole < r.GPUs || n.usedCPU+r.CPU > n.cpu || n.usedMem+r.Memory > n.mem {
 			continue
 		}
-		if p.other != nil {
-			if ok, _ := otherFits(p, n); !ok {
-				continue
-			}
+		if p.other != nil && !otherFits(p, n) {
+			continue
 		}
 		if n.unschedulable || (len(p.selector) > 0 && staticFit(p, n) != fitOK) {
 			continue

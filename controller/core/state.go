@@ -740,15 +740,14 @@ func (s *session) otherVector(m map[string]int64) []int64 {
 	return v
 }
 
-// otherFits reports whether n has room for what p asks of other resources;
-// when not, it also returns the position of the first one short.
-func otherFits(p *podState, n *nodeState) (bool, int) {
+// otherFits reports whether n has room for what p asks of other resources.
+func otherFits(p *podState, n *nodeState) bool {
 	for i, v := range p.other {
 		if v > 0 && n.usedOther[i]+v > n.other[i] {
-			return false, i
+			return false
 		}
 	}
-	return true, -1
+	return true
 }
 
 // indexTerms numbers the anti-affinity terms and returns an empty domain
