@@ -8,6 +8,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/controller/core"
 )
@@ -34,6 +35,37 @@ type podTerm struct {
 
 func newPodTerms(nsLabels func(string) map[string]string) *podTerms {
 	return &podTerms{byName: map[string]*podTerm{}, nsLabels: nsLabels}
+}
+
+// ownTerms are the terms a pod carries, or why they could not be read.
+type ownTerms struct {
+	avoids, needs []string
+	spread        []core.SpreadConstraint
+	err           error
+}
+
+// collectTerms registers the terms of the pods the snapshot considers and
+// returns, per pod that has any, its own.
+func collectTerms(pods []*v1.Pod, nsLabels func(string) map[string]string) (*podTerms, map[types.UID]ownTerms) {
+	terms := newPodTerms(nsLabels)
+	own := map[types.UID]ownTerms{}
+	for _, pod := range pods {
+		if !considered(pod) {
+			continue
+		}
+		anti, aff := affinityTerms(pod)
+		if len(anti)+len(aff)+len(pod.Spec.TopologySpreadConstraints) == 0 {
+			continue
+		}
+		var o ownTerms
+		if o.avoids, o.err = terms.add(pod, anti); o.err == nil {
+			if o.needs, o.err = terms.add(pod, aff); o.err == nil {
+				o.spread, o.err = terms.spread(pod)
+			}
+		}
+		own[pod.UID] = o
+	}
+	return terms, own
 }
 
 // affinityTerms returns the pod's required anti-affinity and affinity terms.

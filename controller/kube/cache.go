@@ -221,46 +221,20 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 		}
 		return pods[i].Name < pods[j].Name
 	})
-	// Required pod (anti-)affinity: every term of the pods in the snapshot,
-	// so each pod can be told which terms select it.
-	terms := newPodTerms(s.namespaceLabels)
-	type ownTerms struct {
-		avoids, needs []string
-		spread        []core.SpreadConstraint
-		err           error
-	}
-	termsOf := map[types.UID]ownTerms{}
-	for _, pod := range pods {
-		if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed ||
-			pod.Spec.NodeName == "" && (pod.Spec.SchedulerName != SchedulerName || pod.DeletionTimestamp != nil) {
-			continue
-		}
-		anti, aff := affinityTerms(pod)
-		if len(anti)+len(aff)+len(pod.Spec.TopologySpreadConstraints) == 0 {
-			continue
-		}
-		var own ownTerms
-		if own.avoids, own.err = terms.add(pod, anti); own.err == nil {
-			if own.needs, own.err = terms.add(pod, aff); own.err == nil {
-				own.spread, own.err = terms.spread(pod)
-			}
-		}
-		termsOf[pod.UID] = own
-	}
+	// Required pod (anti-)affinity and spread: every term of the pods in
+	// the snapshot, so each pod can be told which terms select it.
+	terms, termsOf := collectTerms(pods, s.namespaceLabels)
 	snap.PodTerms = terms.topologies()
 	jobs := map[string]*core.Job{}
 	var jobOrder []string
 	seen := make(map[types.UID]bool, len(pods))
 	for _, pod := range pods {
 		seen[pod.UID] = true
-		if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
+		if !considered(pod) {
 			continue
 		}
 		ours := pod.Spec.SchedulerName == SchedulerName
 		bound := pod.Spec.NodeName != ""
-		if !bound && (!ours || pod.DeletionTimestamp != nil) {
-			continue
-		}
 		if bound && idx.nodes[pod.Spec.NodeName] == nil {
 			continue // its node is gone; nothing to account for
 		}
@@ -627,4 +601,13 @@ func (s *Scheduler) namespaceLabels(name string) map[string]string {
 		return nil
 	}
 	return ns.Labels
+}
+
+// considered says whether a pod goes into the snapshot: not finished, and
+// either bound somewhere or ours and waiting.
+func considered(pod *v1.Pod) bool {
+	if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
+		return false
+	}
+	return pod.Spec.NodeName != "" || pod.Spec.SchedulerName == SchedulerName && pod.DeletionTimestamp == nil
 }
