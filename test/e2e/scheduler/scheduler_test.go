@@ -453,23 +453,7 @@ func TestConstraints(t *testing.T) {
 			e.createPod(podSpec{name: n, tolerate: "dedicated", labels: map[string]string{"app": "web"},
 				affinity: &v1.Affinity{PodAntiAffinity: &v1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: term("app", "web")}}})
 		}
-		e.eventually("two replicas on different nodes, the third pending", 60*time.Second, func() (bool, string) {
-			nodes := map[string]bool{}
-			var waiting string
-			for _, n := range replicas {
-				p := e.pod(n)
-				if p.Spec.NodeName == "" {
-					waiting = pendingReason(p)
-					continue
-				}
-				if nodes[p.Spec.NodeName] {
-					t.Fatalf("two web replicas on %s", p.Spec.NodeName)
-				}
-				nodes[p.Spec.NodeName] = true
-			}
-			want := "required pod anti-affinity"
-			return len(nodes) == 2 && contains(waiting, want), fmt.Sprintf("nodes %v; waiting: %s (want %q)", nodes, waiting, want)
-		})
+		e.waitApart(replicas, "required pod anti-affinity")
 		e.createPod(podSpec{name: "cache", tolerate: "dedicated", labels: map[string]string{"tier": "cache"}, nodeSelector: map[string]string{"kubernetes.io/hostname": "plain"}})
 		e.waitBound("cache")
 		e.createPod(podSpec{name: "reader", tolerate: "dedicated",
@@ -510,25 +494,33 @@ func TestConstraints(t *testing.T) {
 			p := podSpec{name: n, tolerate: "dedicated", ports: []v1.ContainerPort{{ContainerPort: 80, HostPort: 8080}}}
 			e.createPod(p)
 		}
-		e.eventually("two port pods on different nodes, the third pending", 60*time.Second, func() (bool, string) {
-			nodes := map[string]int{}
-			var waiting string
-			for _, n := range names {
-				p := e.pod(n)
-				if p.Spec.NodeName == "" {
-					waiting = pendingReason(p)
-					continue
-				}
-				nodes[p.Spec.NodeName]++
-				if nodes[p.Spec.NodeName] > 1 {
-					t.Fatalf("two pods with host port 8080 on %s", p.Spec.NodeName)
-				}
-			}
-			want := "needs 1 host port TCP/8080; the most free on any node is 0"
-			return len(nodes) == 2 && contains(waiting, want), fmt.Sprintf("nodes %v; waiting: %s (want %q)", nodes, waiting, want)
-		})
+		e.waitApart(names, "needs 1 host port TCP/8080; the most free on any node is 0")
 	})
 	e.checkNoDoubleAllocation()
+}
+
+// waitApart waits until all but one of the pods are bound, each on a node of
+// its own, and the last is pending with a reason containing want; it fails
+// at once if two of them share a node.
+func (e *env) waitApart(names []string, want string) {
+	e.t.Helper()
+	e.eventually(fmt.Sprintf("%d pods on different nodes, one pending", len(names)-1), 60*time.Second, func() (bool, string) {
+		nodes := map[string]string{}
+		var waiting []string
+		for _, n := range names {
+			p := e.pod(n)
+			if p.Spec.NodeName == "" {
+				waiting = append(waiting, pendingReason(p))
+				continue
+			}
+			if other, ok := nodes[p.Spec.NodeName]; ok {
+				e.t.Fatalf("%s and %s both on %s", other, n, p.Spec.NodeName)
+			}
+			nodes[p.Spec.NodeName] = n
+		}
+		ok := len(nodes) == len(names)-1 && len(waiting) == 1 && contains(waiting[0], want)
+		return ok, fmt.Sprintf("bound %v; waiting: %q (want one, with %q)", nodes, waiting, want)
+	})
 }
 
 // TestOtherDriverClaims: a pod that asks for a GPU and for a device of
