@@ -33,8 +33,9 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 	asJSON := fs.Bool("json", false, "print JSON, one object per line")
 	policies := fs.String("policy", "tessera", "placement policy: tessera (default), fgd (FGD as published), bestfit, firstfit; a comma list compares them in one run")
 	ceiling := fs.Bool("ceiling", false, "also print the clairvoyant ceiling (a reference, not a policy: knows every arrival in advance and ignores nodes; see README)")
+	bound := fs.Bool("bound", false, "also print the pool bound: no policy that places every pod that fits can allocate more on the cluster seen as one pool of GPUs (a limit, not a policy; about 5 s per seed; see README)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: tessera-sim openb --nodes NODES.csv --pods PODS.csv [--tune 1.3] [--seed 42 | --seeds 42-51] [--json] [--policy tessera|fgd|bestfit|firstfit[,...]] [--ceiling]")
+		fmt.Fprintln(stderr, "usage: tessera-sim openb --nodes NODES.csv --pods PODS.csv [--tune 1.3] [--seed 42 | --seeds 42-51] [--json] [--policy tessera|fgd|bestfit|firstfit[,...]] [--ceiling] [--bound]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -60,10 +61,12 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 	}
-	// A row source: a policy's replay, or the ceiling.
+	// A row source: a policy's replay, the ceiling or the bound (which
+	// places no pods, so it has no pod counts to print).
 	type runner struct {
-		name string
-		run  func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error)
+		name   string
+		run    func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error)
+		noPods bool
 	}
 	var pols []runner
 	for _, s := range strings.Split(*policies, ",") {
@@ -71,14 +74,20 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return fail(err)
 		}
-		pols = append(pols, runner{p.String(), func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error) {
+		pols = append(pols, runner{name: p.String(), run: func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error) {
 			return openb.Replay(nodes, pods, openb.Config{Tune: *tune, Seed: seed, Policy: p})
 		}})
 	}
 	if *ceiling {
-		pols = append(pols, runner{"ceiling", func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error) {
+		pols = append(pols, runner{name: "ceiling", run: func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error) {
 			c, err := openb.Ceiling(nodes, pods, *tune, seed, 1)
 			return c.Result, err
+		}})
+	}
+	if *bound {
+		pols = append(pols, runner{name: "bound", noPods: true, run: func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error) {
+			b, err := openb.Bound(nodes, pods, *tune, seed)
+			return b.Result, err
 		}})
 	}
 	if err := openb.CheckTune(*tune); err != nil {
@@ -118,6 +127,9 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 				}{pol.name, res})
 			case *asJSON:
 				enc.Encode(res)
+			case multi && pol.noPods:
+				fmt.Fprintf(stdout, "%-9s %6d %9.2f %10.2f %8d %8s %8s\n", pol.name, s, 100*res.GPUAllocationRate,
+					res.GPUAllocated, res.PodsArrived, "-", "-")
 			case multi:
 				fmt.Fprintf(stdout, "%-9s %6d %9.2f %10.2f %8d %8d %8d\n", pol.name, s, 100*res.GPUAllocationRate,
 					res.GPUAllocated, res.PodsArrived, res.PodsPlaced, res.PodsFailed)

@@ -46,9 +46,11 @@ func TestOpenBJSON(t *testing.T) {
 		t.Errorf("report %s", out.String())
 	}
 
-	// --ceiling adds a row after the policies', never below them.
+	// --ceiling and --bound add rows after the policies', never below them:
+	// here the bound is exact (1.5 GPUs: the pool cannot do better than
+	// the 500 and the whole pod).
 	out.Reset()
-	if rc := openbMain([]string{"--nodes", nodes, "--pods", pods, "--json", "--tune", "1", "--ceiling"}, &out, &errb); rc != 0 {
+	if rc := openbMain([]string{"--nodes", nodes, "--pods", pods, "--json", "--tune", "1", "--ceiling", "--bound"}, &out, &errb); rc != 0 {
 		t.Fatalf("--ceiling: rc %d: %s", rc, errb.String())
 	}
 	rates := map[string]float64{}
@@ -62,8 +64,8 @@ func TestOpenBJSON(t *testing.T) {
 		}
 		rates[r.Policy] = r.Rate
 	}
-	if len(rates) != 2 || rates["ceiling"] < rates["tessera"] || rates["tessera"] == 0 {
-		t.Errorf("--ceiling: rates %v", rates)
+	if len(rates) != 3 || rates["ceiling"] < rates["tessera"] || rates["tessera"] == 0 || rates["bound"] != 0.75 {
+		t.Errorf("--ceiling --bound: rates %v", rates)
 	}
 	errb.Reset()
 	if rc := openbMain([]string{"--nodes", nodes, "--pods", pods, "--policy", "random"}, &out, &errb); rc != 2 || !strings.Contains(errb.String(), "unknown placement policy") {

@@ -35,8 +35,10 @@ func TestPoolPlaceBestFit(t *testing.T) {
 
 // TestCeilingAboveReplays checks that the ceiling is one on the default
 // trace: no policy, under the real node constraints and without knowing
-// the future, may beat it on the same arrivals. If one did, the argument in
-// cmd/tessera-sim/README.md ("Target not reached") would not hold.
+// the future, may beat it on the same arrivals; and that the pool bound is
+// above them all and below issue 3's target of 96.5 %. If any of this
+// failed, the argument in cmd/tessera-sim/README.md ("Target not reached")
+// would not hold.
 func TestCeilingAboveReplays(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replays the default openb trace: seconds of CPU")
@@ -58,13 +60,22 @@ func TestCeilingAboveReplays(t *testing.T) {
 		t.Errorf("ceiling: allocated %d + partly free %d != capacity %d (a wholly free GPU is left, so a prefix was too short)", c.AllocatedMilli, free, capMilli)
 	}
 	t.Logf("ceiling %.4f (best prefix %d of %d arrivals); partly free GPUs by free milli: %v", c.GPUAllocationRate, c.Prefix, c.PodsArrived, c.Slivers)
+	b, err := Bound(nodes, pods, tune, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("bound %.4f (%.2f GPUs; the last single-GPU whole pod placed is arrival %d)", b.GPUAllocationRate, b.GPUAllocated, b.Last)
+	if b.PodsArrived != c.PodsArrived || b.GPUAllocated < c.GPUAllocated || b.GPUAllocationRate >= 0.965 {
+		t.Errorf("bound %.2f GPUs (rate %.4f, %d arrivals): want at least the ceiling's %.2f and a rate below 0.965 (%d arrivals)",
+			b.GPUAllocated, b.GPUAllocationRate, b.PodsArrived, c.GPUAllocated, c.PodsArrived)
+	}
 	for _, pol := range []packing.Policy{packing.Tessera, packing.FGD, packing.BestFit} {
 		r, err := Replay(nodes, pods, Config{Tune: tune, Seed: seed, Policy: pol})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.AllocatedMilli > c.AllocatedMilli {
-			t.Errorf("%s allocates %d milli-GPU, above the ceiling's %d", pol, r.AllocatedMilli, c.AllocatedMilli)
+		if r.AllocatedMilli > c.AllocatedMilli || r.AllocatedMilli > b.AllocatedMilli {
+			t.Errorf("%s allocates %d milli-GPU, above the ceiling's %d or the bound's %d", pol, r.AllocatedMilli, c.AllocatedMilli, b.AllocatedMilli)
 		}
 		t.Logf("%s %.4f", pol, r.GPUAllocationRate)
 	}
