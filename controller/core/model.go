@@ -254,6 +254,18 @@ type Pod struct {
 	Needs   []string
 	// Spread constraints (topology spread, DoNotSchedule) must all hold.
 	Spread []SpreadConstraint
+	// Prefers and NodeScore are soft: among the nodes where the pod fits,
+	// the one they score highest wins, and the placement policy (bin-pack
+	// or spread) decides only between nodes they score alike. Prefers are
+	// terms of Snapshot.PodTerms (Kubernetes' preferred pod affinity and
+	// anti-affinity, and ScheduleAnyway spread): a node scores Weight for
+	// each placed pod the term selects in the node's domain of the term
+	// (counted as pods are placed and evicted within the cycle), so a
+	// negative weight pushes the pod away. NodeScore, when not nil, adds a
+	// score per node (preferred node affinity, PreferNoSchedule taints);
+	// like Feasible it must be deterministic and cheap.
+	Prefers   []PreferredTerm
+	NodeScore func(node string) int64
 	// Pinned pods are never moved by consolidation (a move evicts the pod
 	// and counts on its controller to recreate it; a bare pod would be
 	// lost). They may still be reclaimed or preempted.
@@ -373,6 +385,12 @@ type JobStatus struct {
 type Timing struct {
 	Action   Action
 	Duration time.Duration
+}
+
+// PreferredTerm is a soft pod term: see Pod.Prefers.
+type PreferredTerm struct {
+	Term   string
+	Weight int64
 }
 
 // SpreadConstraint is a topology spread constraint: the pod runs only on a node with

@@ -66,7 +66,35 @@ func (s *session) scorePlan(p *podState, pl *plan) int64 {
 	for _, m := range pl.milli {
 		used += m
 	}
-	return s.scorer.score(p, pl.node, used, pl.brokeWhole)
+	return s.key(p, pl.node, used, pl.brokeWhole)
+}
+
+// key is the primary key of placing p on n: the pod's preferences
+// (Pod.Prefers, Pod.NodeScore) first, then the placement policy's score.
+// Both fit in one int64: the policy's score is a count of milli-GPU on one
+// node (far below 2³¹) and the preference is clamped to ±2³⁰.
+func (s *session) key(p *podState, n *nodeState, used int64, broke bool) int64 {
+	sc := s.scorer.score(p, n, used, broke)
+	if !p.hasPreferences() {
+		return sc
+	}
+	return min(max(preference(p, n), -1<<30), 1<<30)<<32 + sc
+}
+
+func (p *podState) hasPreferences() bool { return p.nodeScore != nil || len(p.prefers) > 0 }
+
+// preference is p's soft score on n (Pod.Prefers, Pod.NodeScore).
+func preference(p *podState, n *nodeState) int64 {
+	var v int64
+	if p.nodeScore != nil {
+		v = p.nodeScore(n.name)
+	}
+	for _, t := range p.prefers {
+		if d := n.apart[t.term]; d != nil {
+			v += t.weight * int64(d.matching)
+		}
+	}
+	return v
 }
 
 // better says whether plan a (primary key ka) beats plan b (kb): the
@@ -348,7 +376,7 @@ func fractionOn(r *Request, g *gpuState) (milli, mem int64) {
 // chosen; the scan itself allocates nothing.
 func (s *session) bestNode(p *podState) *plan {
 	r := &p.req
-	if r.IsFraction() || (r.GPUs > 1 && r.NVLink == NVLinkRequired) || len(p.models) > 0 || p.feasible != nil || p.matches != nil || p.avoids != nil || p.needs != nil || p.spread != nil {
+	if r.IsFraction() || (r.GPUs > 1 && r.NVLink == NVLinkRequired) || len(p.models) > 0 || p.feasible != nil || p.matches != nil || p.avoids != nil || p.needs != nil || p.spread != nil || p.hasPreferences() {
 		return s.bestNodeSlow(p)
 	}
 	used := int64(r.GPUs) * 1000
@@ -397,7 +425,9 @@ func (s *session) bestNodeSlow(p *podState) *plan {
 			continue
 		}
 		sc := s.scorePlan(p, pl)
-		if best == nil || !sameState(n, best.node) && s.better(p, pl, sc, best, bestScore) {
+		// Alike nodes tie, and the earlier wins, unless the pod's
+		// preferences tell them apart (by name or by domain).
+		if best == nil || (p.hasPreferences() || !sameState(n, best.node)) && s.better(p, pl, sc, best, bestScore) {
 			best, bestScore = pl, sc
 		}
 	}

@@ -64,10 +64,14 @@ type podState struct {
 	// indices.
 	matches, avoids, needs []int
 	// spread are Pod.Spread, with the domains counted for each.
-	spread   []spreadState
-	feasible func(node string, gpu int) bool
-	pinned   bool
-	phase    PodPhase
+	spread []spreadState
+	// prefers and nodeScore are Pod.Prefers (terms as indices) and
+	// Pod.NodeScore.
+	prefers   []prefTerm
+	nodeScore func(node string) int64
+	feasible  func(node string, gpu int) bool
+	pinned    bool
+	phase     PodPhase
 	// res is what the pod counts for its queue; res[ResGPU] is an estimate
 	// while pending and exact once placed.
 	res Resources
@@ -174,6 +178,12 @@ type session struct {
 	termNames []string
 	termByN   map[string]int
 	terms     termState
+}
+
+// prefTerm is one of Pod.Prefers, its term as an index.
+type prefTerm struct {
+	term   int
+	weight int64
 }
 
 // spreadState is one spread constraint of a pod: its term, and the domains
@@ -559,6 +569,14 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 		}
 		ps.spread = append(ps.spread, spreadState{term: k, maxSkew: c.MaxSkew, minDomains: max(c.MinDomains, 1)})
 	}
+	for _, t := range p.Prefers {
+		k, ok := s.termByN[t.Term]
+		if !ok {
+			return nil, fmt.Errorf("preferred term %q is not in the snapshot's PodTerms", t.Term)
+		}
+		ps.prefers = append(ps.prefers, prefTerm{term: k, weight: t.Weight})
+	}
+	ps.nodeScore = p.NodeScore
 	for name, v := range r.Other {
 		if v < 0 {
 			return nil, fmt.Errorf("request: %s: %d is negative", name, v)

@@ -9,6 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/controller/core"
 )
@@ -41,8 +43,14 @@ func newPodTerms(nsLabels func(string) map[string]string) *podTerms {
 type ownTerms struct {
 	avoids, needs []string
 	spread        []core.SpreadConstraint
+	prefers       []core.PreferredTerm
 	err           error
 }
+
+// scheduleAnywayWeight is what one pod in a domain weighs against a
+// ScheduleAnyway spread constraint: a preferred anti-affinity term of the
+// least weight Kubernetes allows.
+const scheduleAnywayWeight = 1
 
 // collectTerms registers the terms of the pods the snapshot considers and
 // returns, per pod that has any, its own.
@@ -54,13 +62,16 @@ func collectTerms(pods []*v1.Pod, nsLabels func(string) map[string]string) (*pod
 			continue
 		}
 		anti, aff := affinityTerms(pod)
-		if len(anti)+len(aff)+len(pod.Spec.TopologySpreadConstraints) == 0 {
+		preferAnti, preferAff := preferredTerms(pod)
+		if len(anti)+len(aff)+len(preferAnti)+len(preferAff)+len(pod.Spec.TopologySpreadConstraints) == 0 {
 			continue
 		}
 		var o ownTerms
 		if o.avoids, o.err = terms.add(pod, anti); o.err == nil {
 			if o.needs, o.err = terms.add(pod, aff); o.err == nil {
-				o.spread, o.err = terms.spread(pod)
+				if o.spread, o.prefers, o.err = terms.spread(pod); o.err == nil {
+					o.prefers, o.err = terms.addPreferred(pod, o.prefers, preferAff, preferAnti)
+				}
 			}
 		}
 		own[pod.UID] = o
@@ -81,6 +92,47 @@ func affinityTerms(pod *v1.Pod) (anti, affinity []v1.PodAffinityTerm) {
 		affinity = a.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution
 	}
 	return anti, affinity
+}
+
+// preferredTerms returns the pod's preferred anti-affinity and affinity
+// terms.
+func preferredTerms(pod *v1.Pod) (anti, affinity []v1.WeightedPodAffinityTerm) {
+	a := pod.Spec.Affinity
+	if a == nil {
+		return nil, nil
+	}
+	if a.PodAntiAffinity != nil {
+		anti = a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution
+	}
+	if a.PodAffinity != nil {
+		affinity = a.PodAffinity.PreferredDuringSchedulingIgnoredDuringExecution
+	}
+	return anti, affinity
+}
+
+// addPreferred registers the pod's preferred terms and appends them to
+// prefers, affinity with its weight and anti-affinity with the weight
+// negated; alike terms of one pod add up.
+func (t *podTerms) addPreferred(pod *v1.Pod, prefers []core.PreferredTerm, affinity, anti []v1.WeightedPodAffinityTerm) ([]core.PreferredTerm, error) {
+	for sign, terms := range map[int64][]v1.WeightedPodAffinityTerm{1: affinity, -1: anti} {
+		for i := range terms {
+			names, err := t.add(pod, []v1.PodAffinityTerm{terms[i].PodAffinityTerm})
+			if err != nil {
+				return nil, fmt.Errorf("preferred pod affinity term %d: %w", i, err)
+			}
+			prefers = addPreference(prefers, names[0], sign*int64(terms[i].Weight))
+		}
+	}
+	slices.SortFunc(prefers, func(a, b core.PreferredTerm) int { return strings.Compare(a.Term, b.Term) })
+	return prefers, nil
+}
+
+func addPreference(prefers []core.PreferredTerm, term string, weight int64) []core.PreferredTerm {
+	if i := slices.IndexFunc(prefers, func(p core.PreferredTerm) bool { return p.Term == term }); i >= 0 {
+		prefers[i].Weight += weight
+		return prefers
+	}
+	return append(prefers, core.PreferredTerm{Term: term, Weight: weight})
 }
 
 // add registers the pod's terms and returns their names.
@@ -143,17 +195,16 @@ func (t *podTerms) matches(pod *v1.Pod) []string {
 	return out
 }
 
-// spread registers the pod's DoNotSchedule topology spread constraints as
-// terms (the pod's namespace; matchLabelKeys folded into the selector with
-// the pod's values) and returns them for the core. ScheduleAnyway
-// constraints are preferences, and not used.
-func (t *podTerms) spread(pod *v1.Pod) ([]core.SpreadConstraint, error) {
+// spread registers the pod's topology spread constraints as terms (the
+// pod's namespace; matchLabelKeys folded into the selector with the pod's
+// values) and returns them for the core: DoNotSchedule ones as
+// constraints, ScheduleAnyway ones as preferences for the domains with the
+// fewest selected pods.
+func (t *podTerms) spread(pod *v1.Pod) ([]core.SpreadConstraint, []core.PreferredTerm, error) {
 	var out []core.SpreadConstraint
+	var prefers []core.PreferredTerm
 	for i := range pod.Spec.TopologySpreadConstraints {
 		c := &pod.Spec.TopologySpreadConstraints[i]
-		if c.WhenUnsatisfiable != v1.DoNotSchedule {
-			continue
-		}
 		sel := c.LabelSelector.DeepCopy()
 		if sel != nil && len(c.MatchLabelKeys) > 0 {
 			for _, key := range c.MatchLabelKeys {
@@ -164,7 +215,11 @@ func (t *podTerms) spread(pod *v1.Pod) ([]core.SpreadConstraint, error) {
 		}
 		names, err := t.add(pod, []v1.PodAffinityTerm{{TopologyKey: c.TopologyKey, LabelSelector: sel, Namespaces: []string{pod.Namespace}}})
 		if err != nil {
-			return nil, fmt.Errorf("topology spread constraint %d: %w", i, err)
+			return nil, nil, fmt.Errorf("topology spread constraint %d: %w", i, err)
+		}
+		if c.WhenUnsatisfiable != v1.DoNotSchedule {
+			prefers = addPreference(prefers, names[0], -scheduleAnywayWeight)
+			continue
 		}
 		minDomains := 1
 		if c.MinDomains != nil {
@@ -172,7 +227,7 @@ func (t *podTerms) spread(pod *v1.Pod) ([]core.SpreadConstraint, error) {
 		}
 		out = append(out, core.SpreadConstraint{Term: names[0], MaxSkew: int(c.MaxSkew), MinDomains: minDomains})
 	}
-	return out, nil
+	return out, prefers, nil
 }
 
 // topologies maps every term to its topology label, for core.Snapshot.
@@ -185,4 +240,47 @@ func (t *podTerms) topologies() map[string]string {
 		out[name] = pt.topology
 	}
 	return out
+}
+
+// preferNoScheduleWeight is what each PreferNoSchedule taint that a pod
+// does not tolerate costs a node: as much as the heaviest preferred node
+// affinity term gains, so the two weigh alike.
+const preferNoScheduleWeight = 100
+
+// nodePreference builds a pod's core.Pod.NodeScore: the weights of its
+// preferred node affinity terms that a node matches, less
+// preferNoScheduleWeight per PreferNoSchedule taint of the node it does
+// not tolerate. nil when neither applies (the core's fast path).
+func nodePreference(pod *v1.Pod, idx *cycleIndex) func(node string) int64 {
+	var preferred *nodeaffinity.PreferredSchedulingTerms
+	if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil && len(a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution) > 0 {
+		// Only invalid terms fail, and the API server refuses those.
+		p, err := nodeaffinity.NewPreferredSchedulingTerms(a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution)
+		if err == nil {
+			preferred = p
+		}
+	}
+	if preferred == nil && !idx.preferNoSchedule {
+		return nil
+	}
+	tolerations := pod.Spec.Tolerations
+	return func(name string) int64 {
+		n := idx.nodes[name]
+		if n == nil {
+			return 0
+		}
+		var score int64
+		if preferred != nil {
+			score = preferred.Score(n)
+		}
+		for i := range n.Spec.Taints {
+			t := &n.Spec.Taints[i]
+			if t.Effect == v1.TaintEffectPreferNoSchedule && !slices.ContainsFunc(tolerations, func(tol v1.Toleration) bool {
+				return tol.ToleratesTaint(klog.Background(), t, true)
+			}) {
+				score -= preferNoScheduleWeight
+			}
+		}
+		return score
+	}
 }

@@ -36,6 +36,9 @@ type cycleIndex struct {
 	// taintedNodes and taintedGPUs say whether any node or GPU has a
 	// scheduling taint, so pods need a feasibility check at all.
 	taintedNodes, taintedGPUs bool
+	// preferNoSchedule says whether any node has a PreferNoSchedule taint,
+	// so pods need a node preference (nodePreference) for it.
+	preferNoSchedule bool
 	// claims are all ResourceClaims at the cycle's start, listed once.
 	claims []*resourceapi.ResourceClaim
 	// allocated is what claims hold at the cycle's start, computed on
@@ -190,8 +193,11 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 			idx.taintedGPUs = idx.taintedGPUs || len(g.tainted) > 0
 		}
 		for _, t := range n.Spec.Taints {
-			if t.Effect == v1.TaintEffectNoSchedule || t.Effect == v1.TaintEffectNoExecute {
+			switch t.Effect {
+			case v1.TaintEffectNoSchedule, v1.TaintEffectNoExecute:
 				idx.taintedNodes = true
+			case v1.TaintEffectPreferNoSchedule:
+				idx.preferNoSchedule = true
 			}
 		}
 		snap.Nodes = append(snap.Nodes, cn)
@@ -275,6 +281,9 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 				continue
 			}
 			cp.Matches, cp.Avoids, cp.Needs, cp.Spread = terms.matches(pod), own.avoids, own.needs, own.spread
+			if ours {
+				cp.Prefers = own.prefers
+			}
 		}
 		if ours {
 			f, err := s.feasibility(pod, e.claims, idx)
@@ -286,6 +295,7 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 			case err == nil:
 				cp.Feasible = f
 			}
+			cp.NodeScore = nodePreference(pod, idx)
 			// Consolidation moves a pod by evicting it; only a pod that a
 			// controller recreates can be moved.
 			cp.Pinned = metav1.GetControllerOf(pod) == nil

@@ -177,17 +177,18 @@ type gpuClaim struct {
 }
 
 type podSpec struct {
-	name     string
-	queue    string
-	priority string // PriorityClass
-	group    string // PodGroup
-	claim    *gpuClaim
-	cpu      string
-	tolerate string          // a NoSchedule taint key to tolerate
-	nicClass string          // a second claim, for one device of this (other driver's) class
-	limits   v1.ResourceList // e.g. an extended resource (requests default to limits)
-	pvc      string          // a PersistentVolumeClaim mounted as volume "data"
-	ports    []v1.ContainerPort
+	name         string
+	queue        string
+	priority     string // PriorityClass
+	group        string // PodGroup
+	claim        *gpuClaim
+	cpu          string
+	tolerate     string          // a NoSchedule taint key to tolerate
+	tolerateSoft string          // a PreferNoSchedule taint key to tolerate
+	nicClass     string          // a second claim, for one device of this (other driver's) class
+	limits       v1.ResourceList // e.g. an extended resource (requests default to limits)
+	pvc          string          // a PersistentVolumeClaim mounted as volume "data"
+	ports        []v1.ContainerPort
 	// annotations and labels are added to the pod's.
 	annotations, labels map[string]string
 	affinity            *v1.Affinity
@@ -211,6 +212,9 @@ func (e *env) createPod(p podSpec) *v1.Pod {
 	}
 	if p.tolerate != "" {
 		pod.Spec.Tolerations = append(pod.Spec.Tolerations, v1.Toleration{Key: p.tolerate, Operator: v1.TolerationOpExists, Effect: v1.TaintEffectNoSchedule})
+	}
+	if p.tolerateSoft != "" {
+		pod.Spec.Tolerations = append(pod.Spec.Tolerations, v1.Toleration{Key: p.tolerateSoft, Operator: v1.TolerationOpExists, Effect: v1.TaintEffectPreferNoSchedule})
 	}
 	if p.group != "" {
 		pod.Annotations[kube.AnnotationPodGroup] = p.group

@@ -496,6 +496,55 @@ func TestConstraints(t *testing.T) {
 		}
 		e.waitApart(names, "needs 1 host port TCP/8080; the most free on any node is 0")
 	})
+
+	// Soft preferences decide between nodes that fit before bin-packing
+	// does. Here bin-packing alone puts every pod without a GPU on
+	// "plain" (its GPUs are all taken, so it is the fuller node). Plain
+	// gets a PreferNoSchedule taint first (the pods before the last two
+	// tolerate it), so that the scheduler has long seen it when it counts.
+	t.Run("preferences", func(t *testing.T) {
+		node, err := e.client.CoreV1().Nodes().Get(e.ctx, "plain", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		node.Spec.Taints = append(node.Spec.Taints, v1.Taint{Key: "busy", Effect: v1.TaintEffectPreferNoSchedule})
+		if _, err := e.client.CoreV1().Nodes().Update(e.ctx, node, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		onNode := func(p podSpec) string {
+			e.createPod(p)
+			e.waitBound(p.name)
+			return e.pod(p.name).Spec.NodeName
+		}
+		if n := onNode(podSpec{name: "packed", tolerate: "dedicated", tolerateSoft: "busy"}); n != "plain" {
+			t.Fatalf("without preferences the pod went to %s; the test assumes bin-packing picks plain", n)
+		}
+		// Preferred pod anti-affinity spreads replicas.
+		antiSoft := &v1.Affinity{PodAntiAffinity: &v1.PodAntiAffinity{PreferredDuringSchedulingIgnoredDuringExecution: []v1.WeightedPodAffinityTerm{{
+			Weight: 100, PodAffinityTerm: v1.PodAffinityTerm{TopologyKey: "kubernetes.io/hostname", LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "soft"}}},
+		}}}}
+		replica := func(name string) podSpec {
+			return podSpec{name: name, tolerate: "dedicated", tolerateSoft: "busy", labels: map[string]string{"app": "soft"}, affinity: antiSoft}
+		}
+		if a, b := onNode(replica("soft-0")), onNode(replica("soft-1")); a == b {
+			t.Fatalf("soft-0 and soft-1 both on %s despite preferred anti-affinity", a)
+		}
+		// Preferred node affinity.
+		likes := &v1.Affinity{NodeAffinity: &v1.NodeAffinity{PreferredDuringSchedulingIgnoredDuringExecution: []v1.PreferredSchedulingTerm{{
+			Weight: 10, Preference: v1.NodeSelectorTerm{MatchExpressions: []v1.NodeSelectorRequirement{{Key: "kubernetes.io/hostname", Operator: v1.NodeSelectorOpIn, Values: []string{"dedicated"}}}},
+		}}}}
+		if n := onNode(podSpec{name: "likes-dedicated", tolerate: "dedicated", tolerateSoft: "busy", affinity: likes}); n != "dedicated" {
+			t.Fatalf("likes-dedicated on %s", n)
+		}
+		// The PreferNoSchedule taint steers a pod that does not tolerate
+		// it elsewhere, but never keeps one from its only node.
+		if n := onNode(podSpec{name: "avoids-busy", tolerate: "dedicated"}); n != "dedicated" {
+			t.Fatalf("avoids-busy on %s, which has a PreferNoSchedule taint it does not tolerate", n)
+		}
+		if n := onNode(podSpec{name: "only-plain"}); n != "plain" { // does not tolerate dedicated's NoSchedule taint
+			t.Fatalf("only-plain on %s", n)
+		}
+	})
 	e.checkNoDoubleAllocation()
 }
 
