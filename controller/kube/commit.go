@@ -197,6 +197,7 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 		plans[j] = jp
 	}
 
+	volumes := &volumeReservations{taken: map[string]bool{}}
 	s.parallel(len(jobOrder), func(j int) {
 		jp := plans[j]
 		if jp == nil {
@@ -209,7 +210,7 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 		var written []writtenClaim
 		var failure error
 		for _, p := range jp {
-			if err := s.selectNode(ctx, p.ref.pod, p.node); err != nil {
+			if err := s.selectNode(ctx, p.ref.pod, idx.nodes[p.node], volumes); err != nil {
 				failure = err
 				break
 			}

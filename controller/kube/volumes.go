@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
@@ -25,15 +27,17 @@ import (
 //     affinity (a local disk, a zonal cloud disk).
 //   - An unbound claim whose StorageClass binds immediately (or that has no
 //     class): the pod waits until the claim is bound.
-//   - An unbound claim of a WaitForFirstConsumer class with a provisioner:
-//     the node must be in the class's allowed topologies; the commit writes
-//     the chosen node into the claim's volume.kubernetes.io/selected-node
-//     annotation (as kube-scheduler does before binding), which tells the
-//     provisioner where to create the volume. A claim that already names a
-//     node keeps the pod to that node.
-//   - An unbound WaitForFirstConsumer claim without a provisioner
-//     (kubernetes.io/no-provisioner: pre-created local volumes) waits with
-//     a reason: choosing among pre-created volumes is not implemented.
+//   - An unbound claim of a WaitForFirstConsumer class: on the node, either
+//     an available pre-created PersistentVolume matches it (class, size,
+//     access and volume modes, selector, node affinity: component-helpers'
+//     FindMatchingVolume, as kube-scheduler and the PV controller match),
+//     or the class has a provisioner and the node is in its allowed
+//     topologies. The commit binds the matched volume to the claim (its
+//     claimRef, which the PV controller completes), or writes the chosen
+//     node into the claim's volume.kubernetes.io/selected-node annotation
+//     for the provisioner, before the pod's bind. A claim that already
+//     names a node keeps the pod to that node. Volumes a commit binds are
+//     reserved for the rest of it, so two pods do not take one volume.
 //
 // Generic ephemeral volumes are claims named <pod>-<volume>, created by the
 // ephemeral-volume controller; the pod waits until its claim exists.
@@ -45,9 +49,56 @@ const noProvisioner = "kubernetes.io/no-provisioner"
 type podVolumes struct {
 	// checks must all hold for a node.
 	checks []func(*v1.Node) bool
-	// provision are the unbound WaitForFirstConsumer claims the commit
-	// annotates with the chosen node.
-	provision []*v1.PersistentVolumeClaim
+	// delayed are the unbound WaitForFirstConsumer claims, and pvs the
+	// volumes that may match them.
+	delayed []delayedClaim
+	pvs     []*v1.PersistentVolume
+}
+
+// delayedClaim is an unbound WaitForFirstConsumer claim.
+type delayedClaim struct {
+	pvc *v1.PersistentVolumeClaim
+	// provision: the class has a provisioner, which may create the volume
+	// on a node in allowed (nil: anywhere) when no pre-created one matches.
+	provision bool
+	allowed   *v1.NodeSelector
+}
+
+// volumeChoice is what the commit does for one delayed claim on the chosen
+// node: bind it to pv, or (pv nil) ask its provisioner for a volume there.
+type volumeChoice struct {
+	claim *v1.PersistentVolumeClaim
+	pv    *v1.PersistentVolume
+}
+
+// match chooses, on node n, a volume for every delayed claim (none twice,
+// none in taken), or says that n cannot serve them all.
+func (v *podVolumes) match(n *v1.Node, taken map[string]bool) ([]volumeChoice, bool) {
+	excluded := map[string]*v1.PersistentVolume{}
+	for _, pv := range v.pvs {
+		if taken[pv.Name] {
+			excluded[pv.Name] = pv
+		}
+	}
+	out := make([]volumeChoice, 0, len(v.delayed))
+	for _, d := range v.delayed {
+		pv, err := volumehelpers.FindMatchingVolume(d.pvc, v.pvs, n, excluded, false, true)
+		if err == nil && pv != nil {
+			excluded[pv.Name] = pv
+			out = append(out, volumeChoice{claim: d.pvc, pv: pv})
+			continue
+		}
+		if !d.provision {
+			return nil, false
+		}
+		if d.allowed != nil {
+			if ok, err := corev1helpers.MatchNodeSelectorTerms(n, d.allowed); err != nil || !ok {
+				return nil, false
+			}
+		}
+		out = append(out, volumeChoice{claim: d.pvc})
+	}
+	return out, true
 }
 
 // volumesOf reads the pod's claims. An error says why the pod must wait.
@@ -110,18 +161,42 @@ func (s *Scheduler) volumesOf(pod *v1.Pod) (podVolumes, error) {
 			out.checks = append(out.checks, func(n *v1.Node) bool { return n.Name == node })
 			continue
 		}
-		if sc.Provisioner == noProvisioner {
-			return out, fmt.Errorf("PersistentVolumeClaim %q waits for a pre-created volume (storage class %q has no provisioner); tessera-scheduler does not choose among pre-created volumes: bind the claim to one (spec.volumeName) or use a provisioner", name, class)
+		d := delayedClaim{pvc: pvc, provision: sc.Provisioner != noProvisioner}
+		if d.provision && len(sc.AllowedTopologies) > 0 {
+			d.allowed = topologyTerms(sc.AllowedTopologies)
 		}
-		if len(sc.AllowedTopologies) > 0 {
-			terms := topologyTerms(sc.AllowedTopologies)
-			out.checks = append(out.checks, func(n *v1.Node) bool {
-				ok, err := corev1helpers.MatchNodeSelectorTerms(n, terms)
-				return err == nil && ok
-			})
-		}
-		out.provision = append(out.provision, pvc)
+		out.delayed = append(out.delayed, d)
 	}
+	if len(out.delayed) == 0 {
+		return out, nil
+	}
+	all, err := s.pvLister.List(labels.Everything())
+	if err != nil {
+		return out, fmt.Errorf("listing PersistentVolumes: %w", err)
+	}
+	for _, pv := range all {
+		for _, d := range out.delayed {
+			if volumehelpers.GetPersistentVolumeClass(pv) == volumehelpers.GetPersistentVolumeClaimClass(d.pvc) {
+				out.pvs = append(out.pvs, pv)
+				break
+			}
+		}
+	}
+	// A claim that only a pre-created volume can serve, and that no
+	// volume matches on any node: say so, rather than "no node fits".
+	for _, d := range out.delayed {
+		if d.provision {
+			continue
+		}
+		if pv, err := volumehelpers.FindMatchingVolume(d.pvc, out.pvs, nil, nil, false, true); err != nil || pv == nil {
+			return out, fmt.Errorf("PersistentVolumeClaim %q waits for a pre-created volume (storage class %q has no provisioner) and no available PersistentVolume matches it (class, size, access modes, selector)",
+				d.pvc.Name, volumehelpers.GetPersistentVolumeClaimClass(d.pvc))
+		}
+	}
+	out.checks = append(out.checks, func(n *v1.Node) bool {
+		_, ok := out.match(n, nil)
+		return ok
+	})
 	return out, nil
 }
 
@@ -139,46 +214,106 @@ func topologyTerms(topologies []v1.TopologySelectorTerm) *v1.NodeSelector {
 	return sel
 }
 
-// selectNode writes the chosen node into the pod's unbound
-// WaitForFirstConsumer claims, so their provisioner creates the volumes
-// there. A claim that meanwhile names another node fails the commit (the
-// next cycle keeps the pod to that node).
-func (s *Scheduler) selectNode(ctx context.Context, pod *v1.Pod, node string) error {
+// volumeReservations are the volumes a commit has bound so far: the
+// listers do not show them yet, and jobs commit in parallel.
+type volumeReservations struct {
+	mu    sync.Mutex
+	taken map[string]bool
+}
+
+// selectNode prepares the pod's unbound WaitForFirstConsumer claims for the
+// chosen node: each is bound to a matching pre-created volume there
+// (reserved in res for the rest of the commit), or gets the node in its
+// selected-node annotation for its provisioner. A claim that meanwhile
+// names another node, or a volume meanwhile taken, fails the commit (the
+// next cycle decides again).
+func (s *Scheduler) selectNode(ctx context.Context, pod *v1.Pod, node *v1.Node, res *volumeReservations) error {
 	vols, err := s.volumesOf(pod)
-	if err != nil {
+	if err != nil || len(vols.delayed) == 0 {
 		return err
 	}
-	for _, pvc := range vols.provision {
-		err := retryOnError(retry.DefaultBackoff, retriable, func() error {
-			cur, err := s.client.CoreV1().PersistentVolumeClaims(pvc.Namespace).Get(ctx, pvc.Name, metav1.GetOptions{})
-			if err != nil {
-				return err
+	res.mu.Lock()
+	choices, ok := vols.match(node, res.taken)
+	if ok {
+		for _, c := range choices {
+			if c.pv != nil {
+				res.taken[c.pv.Name] = true
 			}
-			if cur.Spec.VolumeName != "" {
-				return nil // bound meanwhile: nothing to provision
-			}
-			switch sel := cur.Annotations[volumehelpers.AnnSelectedNode]; sel {
-			case node:
-				return nil
-			case "":
-			default:
-				return fmt.Errorf("PersistentVolumeClaim %q was meanwhile given to node %s", cur.Name, sel)
-			}
-			// A merge patch guarded by the resourceVersion: a concurrent
-			// change is a conflict, retried on a fresh read.
-			patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
-				"resourceVersion": cur.ResourceVersion,
-				"annotations":     map[string]string{volumehelpers.AnnSelectedNode: node},
-			}})
-			if err != nil {
-				return err
-			}
-			_, err = s.client.CoreV1().PersistentVolumeClaims(pvc.Namespace).Patch(ctx, pvc.Name, types.MergePatchType, patch, metav1.PatchOptions{})
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("PersistentVolumeClaim %s/%s: selecting node %s: %w", pvc.Namespace, pvc.Name, node, err)
 		}
+	}
+	res.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("the volumes of its claims no longer fit node %s", node.Name)
+	}
+	for _, c := range choices {
+		if c.pv != nil {
+			err = s.bindVolume(ctx, c.claim, c.pv)
+		} else {
+			err = s.annotateSelectedNode(ctx, c.claim, node.Name)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// bindVolume points the volume's claimRef at the claim, as kube-scheduler's
+// binder does; the PV controller then binds the claim.
+func (s *Scheduler) bindVolume(ctx context.Context, pvc *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) error {
+	err := retryOnError(retry.DefaultBackoff, retriable, func() error {
+		cur, err := s.client.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if cur.Spec.ClaimRef != nil && !volumehelpers.IsVolumeBoundToClaim(cur, pvc) {
+			return fmt.Errorf("it was meanwhile taken by %s/%s", cur.Spec.ClaimRef.Namespace, cur.Spec.ClaimRef.Name)
+		}
+		bound, dirty, err := volumehelpers.GetBindVolumeToClaim(cur, pvc)
+		if err != nil || !dirty {
+			return err
+		}
+		_, err = s.client.CoreV1().PersistentVolumes().Update(ctx, bound, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("PersistentVolumeClaim %s/%s: binding volume %s: %w", pvc.Namespace, pvc.Name, pv.Name, err)
+	}
+	return nil
+}
+
+// annotateSelectedNode writes the chosen node into a claim for its
+// provisioner.
+func (s *Scheduler) annotateSelectedNode(ctx context.Context, pvc *v1.PersistentVolumeClaim, node string) error {
+	err := retryOnError(retry.DefaultBackoff, retriable, func() error {
+		cur, err := s.client.CoreV1().PersistentVolumeClaims(pvc.Namespace).Get(ctx, pvc.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if cur.Spec.VolumeName != "" {
+			return nil // bound meanwhile: nothing to provision
+		}
+		switch sel := cur.Annotations[volumehelpers.AnnSelectedNode]; sel {
+		case node:
+			return nil
+		case "":
+		default:
+			return fmt.Errorf("PersistentVolumeClaim %q was meanwhile given to node %s", cur.Name, sel)
+		}
+		// A merge patch guarded by the resourceVersion: a concurrent
+		// change is a conflict, retried on a fresh read.
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+			"resourceVersion": cur.ResourceVersion,
+			"annotations":     map[string]string{volumehelpers.AnnSelectedNode: node},
+		}})
+		if err != nil {
+			return err
+		}
+		_, err = s.client.CoreV1().PersistentVolumeClaims(pvc.Namespace).Patch(ctx, pvc.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("PersistentVolumeClaim %s/%s: selecting node %s: %w", pvc.Namespace, pvc.Name, node, err)
 	}
 	return nil
 }

@@ -249,8 +249,47 @@ func TestRBACSufficient(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// And one served by a pre-created volume: the controller binds the
+	// volume to the claim (persistentvolumes update).
+	local := "rbac-local"
+	if _, err := client.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{
+		ObjectMeta: metav1.ObjectMeta{Name: local}, Provisioner: "kubernetes.io/no-provisioner",
+		VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pvName := ns + "-local"
+	if _, err := client.CoreV1().PersistentVolumes().Create(ctx, &v1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: pvName},
+		Spec: v1.PersistentVolumeSpec{
+			Capacity:    v1.ResourceList{v1.ResourceStorage: resource.MustParse("1Gi")},
+			AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce}, StorageClassName: local,
+			PersistentVolumeReclaimPolicy: v1.PersistentVolumeReclaimRetain,
+			PersistentVolumeSource:        v1.PersistentVolumeSource{Local: &v1.LocalVolumeSource{Path: "/mnt/nvme"}},
+			NodeAffinity: &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchExpressions: []v1.NodeSelectorRequirement{
+				{Key: "kubernetes.io/hostname", Operator: v1.NodeSelectorOpIn, Values: []string{"rbac-node"}}}}}}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = client.StorageV1().StorageClasses().Delete(context.Background(), local, metav1.DeleteOptions{})
+		_ = client.CoreV1().PersistentVolumes().Delete(context.Background(), pvName, metav1.DeleteOptions{})
+	})
+	if _, err := client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &v1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "nvme", Namespace: ns},
+		Spec: v1.PersistentVolumeClaimSpec{
+			StorageClassName: &local, AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
+			Resources: v1.VolumeResourceRequirements{Requests: v1.ResourceList{v1.ResourceStorage: resource.MustParse("1Gi")}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	low := pod("low", "one-gpu", "test-low", false)
-	low.Spec.Volumes = []v1.Volume{{Name: "scratch", VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: "scratch"}}}}
+	low.Spec.Volumes = []v1.Volume{
+		{Name: "scratch", VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: "scratch"}}},
+		{Name: "nvme", VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: "nvme"}}},
+	}
 	start := time.Now()
 	if _, err := client.CoreV1().Pods(ns).Create(ctx, low, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -261,6 +300,11 @@ func TestRBACSufficient(t *testing.T) {
 		t.Fatal(err)
 	} else if got := c.Annotations["volume.kubernetes.io/selected-node"]; got != "rbac-node" {
 		t.Errorf("volume claim scratch: selected-node %q, want rbac-node", got)
+	}
+	if pv, err := client.CoreV1().PersistentVolumes().Get(ctx, pvName, metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.Name != "nvme" || pv.Spec.ClaimRef.Namespace != ns {
+		t.Errorf("volume %s: claimRef %+v, want %s/nvme", pvName, pv.Spec.ClaimRef, ns)
 	}
 
 	// A higher-priority pod of the same queue preempts it (pods/eviction),

@@ -1,6 +1,7 @@
 package scheduler_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -90,6 +91,85 @@ func TestVolumes(t *testing.T) {
 		if n := e.pod("pinned-volume").Spec.NodeName; n != "vol-a" {
 			t.Fatalf("pinned-volume on %s; its volume is on vol-a", n)
 		}
+	})
+
+	// Pre-created local volumes (no provisioner): the pod goes to a node
+	// that has a matching volume, the volume is bound to its claim, and a
+	// claim no volume matches waits, saying so. Pods without GPUs: bin-
+	// packing alone would put them on vol-b, the fuller node.
+	t.Run("pre-created volumes for WaitForFirstConsumer claims", func(t *testing.T) {
+		if _, err := e.client.StorageV1().StorageClasses().Create(e.ctx, &storagev1.StorageClass{
+			ObjectMeta:        metav1.ObjectMeta{Name: e.ns + "-local"},
+			Provisioner:       "kubernetes.io/no-provisioner",
+			VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		localPV := func(name, node, size string) {
+			t.Helper()
+			if _, err := e.client.CoreV1().PersistentVolumes().Create(e.ctx, &v1.PersistentVolume{
+				ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-" + name},
+				Spec: v1.PersistentVolumeSpec{
+					Capacity:                      v1.ResourceList{v1.ResourceStorage: resource.MustParse(size)},
+					AccessModes:                   []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
+					PersistentVolumeReclaimPolicy: v1.PersistentVolumeReclaimRetain,
+					StorageClassName:              e.ns + "-local",
+					PersistentVolumeSource:        v1.PersistentVolumeSource{Local: &v1.LocalVolumeSource{Path: "/mnt/nvme"}},
+					NodeAffinity: &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchExpressions: []v1.NodeSelectorRequirement{
+						{Key: "kubernetes.io/hostname", Operator: v1.NodeSelectorOpIn, Values: []string{node}}}}}}},
+				},
+			}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		localPV("nvme-a0", "vol-a", "1Gi")
+		localPV("nvme-a1", "vol-a", "1Gi")
+		localPV("nvme-b-small", "vol-b", "100Mi") // too small for the claims
+		for i, claim := range []string{"nvme-0", "nvme-1"} {
+			pvc(claim, e.ns+"-local", "")
+			name := fmt.Sprintf("local-%d", i)
+			e.createPod(podSpec{name: name, pvc: claim})
+			e.waitBound(name)
+			if n := e.pod(name).Spec.NodeName; n != "vol-a" {
+				t.Fatalf("%s on %s; the only volumes that fit its claim are on vol-a", name, n)
+			}
+		}
+		owners := map[string]string{}
+		for _, pv := range []string{"nvme-a0", "nvme-a1"} {
+			got, err := e.client.CoreV1().PersistentVolumes().Get(e.ctx, e.ns+"-"+pv, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Spec.ClaimRef == nil {
+				t.Fatalf("volume %s not bound to a claim", pv)
+			}
+			owners[got.Spec.ClaimRef.Name] = pv
+		}
+		if len(owners) != 2 {
+			t.Fatalf("claims of the two volumes: %v; want one volume each for nvme-0 and nvme-1", owners)
+		}
+		e.eventually("the PV controller binds the claims", 60*time.Second, func() (bool, string) {
+			for claim, pv := range owners {
+				c, err := e.client.CoreV1().PersistentVolumeClaims(e.ns).Get(e.ctx, claim, metav1.GetOptions{})
+				if err != nil {
+					return false, err.Error()
+				}
+				if c.Spec.VolumeName != e.ns+"-"+pv {
+					return false, fmt.Sprintf("claim %s: volume %q", claim, c.Spec.VolumeName)
+				}
+			}
+			return true, ""
+		})
+		pvc("nvme-2", e.ns+"-local", "")
+		e.createPod(podSpec{name: "local-2", pvc: "nvme-2"})
+		want := `PersistentVolumeClaim "nvme-2" waits for a pre-created volume`
+		e.eventually("local-2 pending with its reason", 60*time.Second, func() (bool, string) {
+			p := e.pod("local-2")
+			if p.Spec.NodeName != "" {
+				t.Fatalf("local-2 bound to %s without a volume", p.Spec.NodeName)
+			}
+			return contains(pendingReason(p), want), pendingReason(p)
+		})
 	})
 
 	t.Run("claims that are missing or not bound", func(t *testing.T) {
