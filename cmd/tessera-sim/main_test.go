@@ -43,6 +43,37 @@ func TestInvalidFilesExit2(t *testing.T) {
 	}
 }
 
+// Each file in testdata/failing starts with "# want failure: LINE": the
+// file is valid, but an expectation fails (one that could never hold, too:
+// a count above the job's pods, a GPU index no node has), so the run exits
+// 1 and lists that failure.
+func TestFailingExpectationsExit1(t *testing.T) {
+	files, err := filepath.Glob("../../controller/testdata/failing/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no failing files found: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first, _, _ := strings.Cut(string(data), "\n")
+			want, ok := strings.CutPrefix(first, "# want failure: ")
+			if !ok {
+				t.Fatalf("%s does not start with '# want failure: LINE'", f)
+			}
+			var stdout, stderr bytes.Buffer
+			if rc := runScenarios([]string{f}, &stdout, &stderr); rc != 1 {
+				t.Errorf("exit %d, want 1; stderr %q", rc, stderr.String())
+			}
+			if !strings.Contains(stdout.String(), "  - "+want+"\n") {
+				t.Errorf("failures do not list %q:\n%s", want, stdout.String())
+			}
+		})
+	}
+}
+
 func TestMissingFileExit2(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if rc := runScenarios([]string{"no/such/file.yaml"}, &stdout, &stderr); rc != 2 {

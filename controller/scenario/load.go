@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	yamlv3 "go.yaml.in/yaml/v3"
 	"sigs.k8s.io/yaml"
 )
 
@@ -90,7 +91,7 @@ func Parse(path string, data []byte) ([]*Spec, error) {
 	seen := map[string]int{}
 	n := 0
 	for _, d := range splitDocuments(data) {
-		js, err := yaml.YAMLToJSONStrict(d.text)
+		js, err := toJSON(d.text)
 		if err != nil {
 			return nil, &Error{File: path, Document: n + 1, Line: d.line, Why: "not valid YAML: " + cleanYAMLError(err, d.line)}
 		}
@@ -149,6 +150,50 @@ var yamlLine = regexp.MustCompile(`line (\d+)`)
 
 // cleanYAMLError makes the YAML parser's message one line, with line numbers
 // counted from the top of the file rather than of the document.
+// toJSON converts one YAML document, refusing duplicate keys. yaml.v2's
+// strict mode (sigs.k8s.io/yaml) also calls a key that overrides one merged
+// in with "<<" a duplicate, which YAML allows (it is how an anchored node
+// is reused with changes); such documents are checked for real duplicates
+// on yaml.v3's node tree, which keeps merges apart, and converted without
+// strictness.
+func toJSON(text []byte) ([]byte, error) {
+	js, err := yaml.YAMLToJSONStrict(text)
+	if err == nil || !bytes.Contains(text, []byte("<<")) {
+		return js, err
+	}
+	var root yamlv3.Node
+	if yamlv3.Unmarshal(text, &root) != nil {
+		return nil, err // not YAML at all: the first error says why
+	}
+	if dup := duplicateKey(&root); dup != nil {
+		return nil, dup
+	}
+	return yaml.YAMLToJSON(text)
+}
+
+// duplicateKey finds a key given twice in one mapping, merges aside.
+func duplicateKey(n *yamlv3.Node) error {
+	if n.Kind == yamlv3.MappingNode {
+		seen := map[string]bool{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k := n.Content[i]
+			if k.Kind != yamlv3.ScalarNode || k.Tag == "!!merge" {
+				continue
+			}
+			if seen[k.Value] {
+				return fmt.Errorf("yaml: line %d: key %q already set in map", k.Line, k.Value)
+			}
+			seen[k.Value] = true
+		}
+	}
+	for _, c := range n.Content {
+		if err := duplicateKey(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func cleanYAMLError(err error, docLine int) string {
 	s := err.Error()
 	s = strings.TrimPrefix(s, "error converting YAML to JSON: ")

@@ -55,6 +55,26 @@ func parseMilli(s string, allowM bool) (int64, error) {
 	return ratToInt64(r, "thousandths")
 }
 
+// parseMilliRounded is parseMilli for expected figures: a value finer than a
+// thousandth (2.6667 for eight GPUs shared by three) is rounded to the
+// nearest thousandth, the precision the report gives, instead of refused.
+func parseMilliRounded(s string) (int64, error) {
+	r, err := parseDecimal(strings.TrimSpace(s))
+	if err != nil {
+		return 0, err
+	}
+	r.Mul(r, big.NewRat(1000, 1))
+	if !r.IsInt() {
+		half := big.NewRat(1, 2)
+		if r.Sign() < 0 {
+			half.Neg(half)
+		}
+		r.Add(r, half)
+		r.SetInt(new(big.Int).Quo(r.Num(), r.Denom())) // truncates toward zero
+	}
+	return ratToInt64(r, "thousandths")
+}
+
 var byteSuffixes = []struct {
 	suffix string
 	mult   int64

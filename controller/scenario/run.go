@@ -53,6 +53,9 @@ type runner struct {
 	last     *core.Result
 	cycles   []CycleReport
 	failures []string
+	// gpuMemory is each node's GPU memory, for pods that need at least so
+	// much on every GPU (Pod.MinGPUMemory).
+	gpuMemory map[string]int64
 }
 
 // simEpoch is the sim's clock origin: createdAt seconds count from it, and
@@ -77,10 +80,11 @@ func Run(s *Spec, opts Options) *Report {
 }
 
 func newRunner(s *Spec, opts Options) *runner {
-	r := &runner{spec: s, opts: opts, byName: map[string]*simPod{}, evicted: map[string]int{}, since: map[string]time.Time{}, nodeIdx: map[string]*core.Node{}}
+	r := &runner{spec: s, opts: opts, byName: map[string]*simPod{}, evicted: map[string]int{}, since: map[string]time.Time{}, nodeIdx: map[string]*core.Node{}, gpuMemory: map[string]int64{}}
 	r.cfg = core.Config{Placement: core.PlacementPolicy(s.Placement), DisableConsolidation: !s.Consolidation}
 	for _, n := range s.Nodes {
 		cn := core.Node{Name: n.Name, Labels: n.Labels, CPU: n.CPUMilli, Memory: n.Memory}
+		r.gpuMemory[n.Name] = n.GPUMemory
 		for g := 0; g < n.GPUs; g++ {
 			cn.GPUs = append(cn.GPUs, core.GPU{Index: g, Memory: n.GPUMemory, Model: n.GPUModel, NVLinkDomain: n.NVLinkDomain(g)})
 		}
@@ -176,6 +180,9 @@ func (r *runner) snapshot(now time.Time) *core.Snapshot {
 		for pi := range j.Pods {
 			sp := r.byName[j.Pods[pi].Name]
 			cp := core.Pod{Name: sp.spec.Name, Request: request(sp.spec)}
+			if least := sp.spec.MinGPUMemory; least > 0 {
+				cp.Feasible = func(node string, _ int) bool { return r.gpuMemory[node] >= least }
+			}
 			switch sp.state {
 			case StatePending:
 				cp.Phase = core.PodPending

@@ -77,11 +77,14 @@ type Pod struct {
 	FileIndex int   // which entry of the job's pods: list it came from
 	GPUMilli  int64 // whole GPUs × 1000, or a fraction below 1000; 0 with GPUMemory set or for CPU-only pods
 	GPUMemory int64 // a fraction given as memory (bytes); 0 otherwise
-	Sharing   string
-	NVLinkReq bool
-	CPUMilli  int64
-	Memory    int64
-	Running   *Placement
+	// MinGPUMemory: with whole GPUs, the least memory each must have
+	// (gpuMemory given beside a whole gpu); 0: any.
+	MinGPUMemory int64
+	Sharing      string
+	NVLinkReq    bool
+	CPUMilli     int64
+	Memory       int64
+	Running      *Placement
 }
 
 // WholeGPUs is the number of whole GPUs the pod asks for (0 for fractions).
