@@ -10,7 +10,6 @@ require (
 	github.com/prometheus/client_model v0.6.3
 	github.com/stretchr/testify v1.12.1
 	go.yaml.in/yaml/v3 v3.0.5
-	gonum.org/v1/gonum v0.17.0
 	google.golang.org/grpc v1.85.0
 	k8s.io/api v0.36.6
 	k8s.io/apimachinery v0.36.6

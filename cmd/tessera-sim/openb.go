@@ -33,7 +33,7 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 	asJSON := fs.Bool("json", false, "print JSON, one object per line")
 	policies := fs.String("policy", "tessera", "placement policy: tessera (default), fgd (FGD as published), bestfit, firstfit; a comma list compares them in one run")
 	ceiling := fs.Bool("ceiling", false, "also print the clairvoyant ceiling (a reference, not a policy: knows every arrival in advance and ignores nodes; see README)")
-	bound := fs.Bool("bound", false, "also print the pool bound: no policy that places every pod that fits can allocate more on the cluster seen as one pool of GPUs (a limit, not a policy; about 5 s per seed; see README)")
+	bound := fs.Bool("bound", false, "also print the pool bound: no policy that places every pod that fits can allocate more on the cluster seen as one pool of GPUs (a limit, not a policy; see README)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tessera-sim openb --nodes NODES.csv --pods PODS.csv [--tune 1.3] [--seed 42 | --seeds 42-51] [--json] [--policy tessera|fgd|bestfit|firstfit[,...]] [--ceiling] [--bound]")
 		fs.PrintDefaults()

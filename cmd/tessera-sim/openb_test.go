@@ -64,7 +64,9 @@ func TestOpenBJSON(t *testing.T) {
 		}
 		rates[r.Policy] = r.Rate
 	}
-	if len(rates) != 3 || rates["ceiling"] < rates["tessera"] || rates["tessera"] == 0 || rates["bound"] != 0.75 {
+	// The bound is certified, not rounded: a solver's last digits may
+	// loosen it by a hair, never tighten it.
+	if len(rates) != 3 || rates["ceiling"] < rates["tessera"] || rates["tessera"] == 0 || rates["bound"] < 0.75 || rates["bound"] > 0.75+1e-6 {
 		t.Errorf("--ceiling --bound: rates %v", rates)
 	}
 	errb.Reset()

@@ -1,12 +1,10 @@
 package openb
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
-
-	"gonum.org/v1/gonum/mat"
-	"gonum.org/v1/gonum/optimize/convex/lp"
 
 	"github.com/tessera-gpu/tessera/controller/packing"
 )
@@ -36,7 +34,7 @@ import (
 //
 // The figure is certified, not just solved for: any dual point y ≥ 0 (a
 // value per fraction size) gives the upper bound UB(y) below, whatever y is.
-// The cutting-plane search (gonum's simplex on the dual restricted to the
+// The cutting-plane search (a small simplex on the dual restricted to the
 // patterns found so far, the most violated pattern found by an exact
 // knapsack) only chooses y; the bound reported is UB(y) evaluated again with
 // the exact knapsack, so an inexact solve can loosen it but not make it
@@ -352,58 +350,156 @@ func (b *boundLP) solve(c boundCase) (float64, error) {
 // restricted solves the case's dual over the patterns found so far:
 //
 //	min  Σ_k −lo_k·y_k + (gpus − wmin)·μ + Σ_k (total_k − lo_k)·β_k + (wmax − wmin)·γ
-//	s.t. μ − Σ_k a_pk·y_k ≥ 0   (each pattern p)
-//	     y_k + β_k ≥ value_k    (each size k)
+//	s.t. μ − Σ_k a_pk·y_k ≥ −ε_p  (each pattern p)
+//	     y_k + β_k ≥ value_k      (each size k)
 //	     μ + γ ≥ 1,  μ ≤ boundCap,  all ≥ 0
 //
-// in gonum's standard form (equalities with one slack per row).
+// with one slack per row, written so that the slacks of the pattern rows,
+// β, γ and the cap's slack are a feasible starting basis (μ = y = 0). ε_p
+// is a distinct tiny margin per pattern: without it the problem is highly
+// degenerate (every pattern row is tight at y = 0). It and an inexact
+// optimum cost nothing in validity: the figure is certified from y alone.
 func (b *boundLP) restricted(c boundCase) ([]float64, float64, error) {
 	K, P := len(b.sizes), len(b.patterns)
 	mu, gamma := K, 2*K+1
-	slack := 2*K + 2
+	slack := 2*K + 2 // then one per row
 	rows, cols := P+K+2, 2*K+2+P+K+2
-	A := mat.NewDense(rows, cols, nil)
-	rhs := make([]float64, rows)
-	cost := make([]float64, cols)
+	t := newTableau(rows, cols)
 	for k := range K {
-		cost[k] = -float64(c.lo[k])
-		cost[K+1+k] = float64(b.total[k] - c.lo[k])
+		t.cost[k] = -float64(c.lo[k])
+		t.cost[K+1+k] = float64(b.total[k] - c.lo[k])
 	}
-	cost[mu] = float64(b.gpus - c.wmin)
-	cost[gamma] = float64(c.wmax - c.wmin)
+	t.cost[mu] = float64(b.gpus - c.wmin)
+	t.cost[gamma] = float64(c.wmax - c.wmin)
 	r := 0
-	for _, p := range b.patterns {
-		A.Set(r, mu, 1)
+	for _, p := range b.patterns { // Σ a·y − μ + s = ε
 		for k, n := range p {
-			if n > 0 {
-				A.Set(r, k, -float64(n))
-			}
+			t.set(r, k, float64(n))
 		}
-		A.Set(r, slack+r, -1)
+		t.set(r, mu, -1)
+		t.set(r, slack+r, 1)
+		t.rhs(r, 1e-7*float64(r+1)/float64(P))
+		t.basis[r] = slack + r
 		r++
 	}
-	for k := range K {
-		A.Set(r, k, 1)
-		A.Set(r, K+1+k, 1)
-		A.Set(r, slack+r, -1)
-		rhs[r] = b.value[k]
+	for k := range K { // y + β − s = value
+		t.set(r, k, 1)
+		t.set(r, K+1+k, 1)
+		t.set(r, slack+r, -1)
+		t.rhs(r, b.value[k])
+		t.basis[r] = K + 1 + k
 		r++
 	}
-	A.Set(r, mu, 1)
-	A.Set(r, gamma, 1)
-	A.Set(r, slack+r, -1)
-	rhs[r] = 1
+	t.set(r, mu, 1) // μ + γ − s = 1
+	t.set(r, gamma, 1)
+	t.set(r, slack+r, -1)
+	t.rhs(r, 1)
+	t.basis[r] = gamma
 	r++
-	A.Set(r, mu, 1)
-	A.Set(r, slack+r, 1)
-	rhs[r] = boundCap
-	_, x, err := lp.Simplex(cost, A, rhs, 1e-10, nil)
-	if err != nil {
+	t.set(r, mu, 1) // μ + s = cap
+	t.set(r, slack+r, 1)
+	t.rhs(r, boundCap)
+	t.basis[r] = slack + r
+	if err := t.minimise(50 * (rows + cols)); err != nil {
 		return nil, 0, err
 	}
+	x := t.solution()
 	y := make([]float64, K)
 	for k := range K {
 		y[k] = max(x[k], 0)
 	}
 	return y, x[mu], nil
+}
+
+// tableau is a dense simplex tableau for min cost·x, A·x = b, x ≥ 0,
+// started from a feasible basis whose columns are the identity. It is
+// written here rather than taken from gonum (optimize/convex/lp), whose
+// Simplex has no iteration limit and did not return on a degenerate
+// instance of this problem; here Bland's rule and a limit bound the work.
+type tableau struct {
+	m, n  int
+	a     []float64 // m rows of n coefficients and the right-hand side
+	cost  []float64
+	basis []int
+}
+
+func newTableau(m, n int) *tableau {
+	return &tableau{m: m, n: n, a: make([]float64, m*(n+1)), cost: make([]float64, n), basis: make([]int, m)}
+}
+
+func (t *tableau) set(i, j int, v float64) { t.a[i*(t.n+1)+j] = v }
+func (t *tableau) at(i, j int) float64     { return t.a[i*(t.n+1)+j] }
+func (t *tableau) rhs(i int, v float64)    { t.set(i, t.n, v) }
+
+// minimise pivots until no reduced cost is negative, or limit pivots.
+// Stopping at the limit is not an error: the point is feasible, only
+// perhaps not optimal.
+func (t *tableau) minimise(limit int) error {
+	const tol = 1e-9
+	reduced := make([]float64, t.n)
+	for range limit {
+		// Reduced costs: cost − c_B·(column), the basis being the identity
+		// of the current tableau.
+		copy(reduced, t.cost)
+		for i, bj := range t.basis {
+			if cb := t.cost[bj]; cb != 0 {
+				for j := range t.n {
+					reduced[j] -= cb * t.at(i, j)
+				}
+			}
+		}
+		enter := -1
+		for j := range t.n { // Bland: the first improving column
+			if reduced[j] < -tol {
+				enter = j
+				break
+			}
+		}
+		if enter < 0 {
+			return nil
+		}
+		leave, best := -1, math.Inf(1)
+		for i := range t.m {
+			if v := t.at(i, enter); v > tol {
+				ratio := t.at(i, t.n) / v
+				if ratio < best-tol || ratio <= best+tol && leave >= 0 && t.basis[i] < t.basis[leave] {
+					leave, best = i, ratio
+				}
+			}
+		}
+		if leave < 0 {
+			return errors.New("openb: bound: the restricted problem is unbounded")
+		}
+		t.pivot(leave, enter)
+	}
+	return nil
+}
+
+func (t *tableau) pivot(r, c int) {
+	w := t.n + 1
+	row := t.a[r*w : (r+1)*w]
+	p := row[c]
+	for j := range row {
+		row[j] /= p
+	}
+	for i := range t.m {
+		if i == r {
+			continue
+		}
+		other := t.a[i*w : (i+1)*w]
+		if f := other[c]; f != 0 {
+			for j := range other {
+				other[j] -= f * row[j]
+			}
+		}
+	}
+	t.basis[r] = c
+}
+
+func (t *tableau) solution() []float64 {
+	x := make([]float64, t.n)
+	for i, bj := range t.basis {
+		x[bj] = t.at(i, t.n)
+	}
+	return x
 }
