@@ -10,12 +10,12 @@ import (
 	"testing"
 )
 
-// Each file in testdata/invalid starts with "# want: MESSAGE": the run must
-// exit 2 and print exactly that message after the file name.
-func TestInvalidFilesExit2(t *testing.T) {
-	files, err := filepath.Glob("../../controller/testdata/invalid/*.yaml")
+// eachWantFile runs check on every file of the glob, each starting with
+// "# PREFIXWANT", as a subtest.
+func eachWantFile(t *testing.T, glob, prefix string, check func(t *testing.T, file, want string)) {
+	files, err := filepath.Glob(glob)
 	if err != nil || len(files) == 0 {
-		t.Fatalf("no invalid files found: %v", err)
+		t.Fatalf("no files match %s: %v", glob, err)
 	}
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) {
@@ -24,23 +24,31 @@ func TestInvalidFilesExit2(t *testing.T) {
 				t.Fatal(err)
 			}
 			first, _, _ := strings.Cut(string(data), "\n")
-			want, ok := strings.CutPrefix(first, "# want: ")
+			want, ok := strings.CutPrefix(first, prefix)
 			if !ok {
-				t.Fatalf("%s does not start with '# want: MESSAGE'", f)
+				t.Fatalf("%s does not start with %q", f, prefix)
 			}
-			var stdout, stderr bytes.Buffer
-			rc := runScenarios([]string{f}, &stdout, &stderr)
-			if rc != 2 {
-				t.Errorf("exit %d, want 2", rc)
-			}
-			if got, exp := stderr.String(), "tessera-sim run: "+f+": "+want+"\n"; got != exp {
-				t.Errorf("message\n got: %q\nwant: %q", got, exp)
-			}
-			if stdout.Len() != 0 {
-				t.Errorf("nothing should be printed on stdout, got %q", stdout.String())
-			}
+			check(t, f, want)
 		})
 	}
+}
+
+// Each file in testdata/invalid starts with "# want: MESSAGE": the run must
+// exit 2 and print exactly that message after the file name.
+func TestInvalidFilesExit2(t *testing.T) {
+	eachWantFile(t, "../../controller/testdata/invalid/*.yaml", "# want: ", func(t *testing.T, f, want string) {
+		var stdout, stderr bytes.Buffer
+		rc := runScenarios([]string{f}, &stdout, &stderr)
+		if rc != 2 {
+			t.Errorf("exit %d, want 2", rc)
+		}
+		if got, exp := stderr.String(), "tessera-sim run: "+f+": "+want+"\n"; got != exp {
+			t.Errorf("message\n got: %q\nwant: %q", got, exp)
+		}
+		if stdout.Len() != 0 {
+			t.Errorf("nothing should be printed on stdout, got %q", stdout.String())
+		}
+	})
 }
 
 // Each file in testdata/failing starts with "# want failure: LINE": the
@@ -48,30 +56,15 @@ func TestInvalidFilesExit2(t *testing.T) {
 // a count above the job's pods, a GPU index no node has), so the run exits
 // 1 and lists that failure.
 func TestFailingExpectationsExit1(t *testing.T) {
-	files, err := filepath.Glob("../../controller/testdata/failing/*.yaml")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no failing files found: %v", err)
-	}
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) {
-			data, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			first, _, _ := strings.Cut(string(data), "\n")
-			want, ok := strings.CutPrefix(first, "# want failure: ")
-			if !ok {
-				t.Fatalf("%s does not start with '# want failure: LINE'", f)
-			}
-			var stdout, stderr bytes.Buffer
-			if rc := runScenarios([]string{f}, &stdout, &stderr); rc != 1 {
-				t.Errorf("exit %d, want 1; stderr %q", rc, stderr.String())
-			}
-			if !strings.Contains(stdout.String(), "  - "+want+"\n") {
-				t.Errorf("failures do not list %q:\n%s", want, stdout.String())
-			}
-		})
-	}
+	eachWantFile(t, "../../controller/testdata/failing/*.yaml", "# want failure: ", func(t *testing.T, f, want string) {
+		var stdout, stderr bytes.Buffer
+		if rc := runScenarios([]string{f}, &stdout, &stderr); rc != 1 {
+			t.Errorf("exit %d, want 1; stderr %q", rc, stderr.String())
+		}
+		if !strings.Contains(stdout.String(), "  - "+want+"\n") {
+			t.Errorf("failures do not list %q:\n%s", want, stdout.String())
+		}
+	})
 }
 
 func TestMissingFileExit2(t *testing.T) {

@@ -229,41 +229,38 @@ func TestRBACSufficient(t *testing.T) {
 		return p
 	}
 	// The first pod also mounts a volume its provisioner creates on the
-	// pod's node: the controller names the node on the claim.
-	class := "rbac-first-consumer"
-	if _, err := client.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{
-		ObjectMeta: metav1.ObjectMeta{Name: class}, Provisioner: "example.com/tessera-test",
-		VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	// pod's node (the controller names the node on the claim), and one
+	// served by a pre-created volume (the controller binds the volume to
+	// the claim: persistentvolumes update).
+	claimOfClass := func(claim, class, provisioner string) {
+		t.Helper()
+		if _, err := client.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{
+			ObjectMeta: metav1.ObjectMeta{Name: class}, Provisioner: provisioner,
+			VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = client.StorageV1().StorageClasses().Delete(context.Background(), class, metav1.DeleteOptions{})
+		})
+		if _, err := client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &v1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: claim, Namespace: ns},
+			Spec: v1.PersistentVolumeClaimSpec{
+				StorageClassName: &class, AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
+				Resources: v1.VolumeResourceRequirements{Requests: v1.ResourceList{v1.ResourceStorage: resource.MustParse("1Gi")}},
+			},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	t.Cleanup(func() {
-		_ = client.StorageV1().StorageClasses().Delete(context.Background(), class, metav1.DeleteOptions{})
-	})
-	if _, err := client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &v1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: "scratch", Namespace: ns},
-		Spec: v1.PersistentVolumeClaimSpec{
-			StorageClassName: &class, AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
-			Resources: v1.VolumeResourceRequirements{Requests: v1.ResourceList{v1.ResourceStorage: resource.MustParse("1Gi")}},
-		},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	// And one served by a pre-created volume: the controller binds the
-	// volume to the claim (persistentvolumes update).
-	local := "rbac-local"
-	if _, err := client.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{
-		ObjectMeta: metav1.ObjectMeta{Name: local}, Provisioner: "kubernetes.io/no-provisioner",
-		VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	claimOfClass("scratch", "rbac-first-consumer", "example.com/tessera-test")
+	claimOfClass("nvme", "rbac-local", "kubernetes.io/no-provisioner")
 	pvName := ns + "-local"
 	if _, err := client.CoreV1().PersistentVolumes().Create(ctx, &v1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: pvName},
 		Spec: v1.PersistentVolumeSpec{
 			Capacity:    v1.ResourceList{v1.ResourceStorage: resource.MustParse("1Gi")},
-			AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce}, StorageClassName: local,
+			AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce}, StorageClassName: "rbac-local",
 			PersistentVolumeReclaimPolicy: v1.PersistentVolumeReclaimRetain,
 			PersistentVolumeSource:        v1.PersistentVolumeSource{Local: &v1.LocalVolumeSource{Path: "/mnt/nvme"}},
 			NodeAffinity: &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchExpressions: []v1.NodeSelectorRequirement{
@@ -273,18 +270,8 @@ func TestRBACSufficient(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = client.StorageV1().StorageClasses().Delete(context.Background(), local, metav1.DeleteOptions{})
 		_ = client.CoreV1().PersistentVolumes().Delete(context.Background(), pvName, metav1.DeleteOptions{})
 	})
-	if _, err := client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &v1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: "nvme", Namespace: ns},
-		Spec: v1.PersistentVolumeClaimSpec{
-			StorageClassName: &local, AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
-			Resources: v1.VolumeResourceRequirements{Requests: v1.ResourceList{v1.ResourceStorage: resource.MustParse("1Gi")}},
-		},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	low := pod("low", "one-gpu", "test-low", false)
 	low.Spec.Volumes = []v1.Volume{
 		{Name: "scratch", VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: "scratch"}}},
