@@ -189,7 +189,7 @@ func (s *Scheduler) volumesOf(pod *v1.Pod) (podVolumes, error) {
 			continue
 		}
 		if pv, err := volumehelpers.FindMatchingVolume(d.pvc, out.pvs, nil, nil, false, true); err != nil || pv == nil {
-			return out, fmt.Errorf("PersistentVolumeClaim %q waits for a pre-created volume (storage class %q has no provisioner) and no available PersistentVolume matches it (class, size, access modes, selector)",
+			return out, fmt.Errorf("PersistentVolumeClaim %q waits for a pre-created volume (storage class %q has no provisioner) and no available PersistentVolume matches its class, size and selector",
 				d.pvc.Name, volumehelpers.GetPersistentVolumeClaimClass(d.pvc))
 		}
 	}
