@@ -114,13 +114,17 @@ func preferredTerms(pod *v1.Pod) (anti, affinity []v1.WeightedPodAffinityTerm) {
 // prefers, affinity with its weight and anti-affinity with the weight
 // negated; alike terms of one pod add up.
 func (t *podTerms) addPreferred(pod *v1.Pod, prefers []core.PreferredTerm, affinity, anti []v1.WeightedPodAffinityTerm) ([]core.PreferredTerm, error) {
-	for sign, terms := range map[int64][]v1.WeightedPodAffinityTerm{1: affinity, -1: anti} {
-		for i := range terms {
-			names, err := t.add(pod, []v1.PodAffinityTerm{terms[i].PodAffinityTerm})
+	for _, kind := range []struct {
+		what  string
+		sign  int64
+		terms []v1.WeightedPodAffinityTerm
+	}{{"preferred pod affinity", 1, affinity}, {"preferred pod anti-affinity", -1, anti}} {
+		for i := range kind.terms {
+			names, err := t.add(pod, []v1.PodAffinityTerm{kind.terms[i].PodAffinityTerm})
 			if err != nil {
-				return nil, fmt.Errorf("preferred pod affinity term %d: %w", i, err)
+				return nil, fmt.Errorf("%s term %d: %w", kind.what, i, err)
 			}
-			prefers = addPreference(prefers, names[0], sign*int64(terms[i].Weight))
+			prefers = addPreference(prefers, names[0], kind.sign*int64(kind.terms[i].Weight))
 		}
 	}
 	slices.SortFunc(prefers, func(a, b core.PreferredTerm) int { return strings.Compare(a.Term, b.Term) })
