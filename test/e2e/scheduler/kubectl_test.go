@@ -1,0 +1,102 @@
+package scheduler_test
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tessera-gpu/tessera/cmd/kubectl-tessera/ctl"
+	"github.com/tessera-gpu/tessera/controller/core"
+)
+
+// TestKubectlPlugin: kubectl tessera queues, nodes and why read what the
+// controller and the node plugin wrote, on a real control plane.
+func TestKubectlPlugin(t *testing.T) {
+	e := newEnv(t)
+	e.addGPUNode("gpu-a", "l4-2")
+	e.createQueue("research", "", "2", "", 100)
+	e.createQueue("vision", "research", "1", "2", 100)
+	e.startScheduler(core.Config{})
+	e.createPod(podSpec{name: "trainer", queue: "vision", claim: &gpuClaim{}})
+	e.createPod(podSpec{name: "infer-a", queue: "vision", claim: &gpuClaim{class: "mps.gpu.tessera.dev", memory: "6Gi"}})
+	e.createPod(podSpec{name: "infer-b", queue: "vision", claim: &gpuClaim{class: "mps.gpu.tessera.dev", memory: "6Gi"}})
+	e.waitBound("trainer", "infer-a", "infer-b")
+	e.createPod(podSpec{name: "too-big", queue: "vision", claim: &gpuClaim{count: 2}})
+	c := ctl.Clients{Kube: e.client, Dynamic: e.dyn, Namespace: e.ns}
+	run := func(args ...string) string {
+		t.Helper()
+		var out bytes.Buffer
+		if err := ctl.Run(e.ctx, c, args, &out); err != nil {
+			t.Fatalf("kubectl tessera %s: %v", strings.Join(args, " "), err)
+		}
+		return out.String()
+	}
+	// The queue status is written each cycle: wait for the figures.
+	var queues string
+	e.eventually("queue status in kubectl tessera queues", 30*time.Second, func() (bool, string) {
+		queues = run("queues")
+		return strings.Contains(queues, "└─ vision") && rowHas(queues, "vision", "100", "1", "2", "1", "2", "2", "3/1"), queues
+	})
+	if !rowHas(queues, "research", "100", "2", "-", "1") {
+		t.Errorf("research row:\n%s", queues)
+	}
+	if !strings.Contains(queues, `run in queue "default", which has no Queue object`) {
+		t.Errorf("no word on the implicit default queue:\n%s", queues)
+	}
+
+	nodes := run("nodes")
+	lines := strings.Split(strings.TrimSpace(nodes), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("want a header and 2 GPUs:\n%s", nodes)
+	}
+	whole, shared := 0, 0
+	for _, l := range lines[1:] {
+		switch {
+		case rowHas(l, "gpu-a", "Exclusive", "whole", e.ns+"/trainer"):
+			whole++
+		case rowHas(l, "gpu-a", "MPS", "12Gi", e.ns+"/infer-a,", e.ns+"/infer-b"):
+			shared++
+		}
+	}
+	if whole != 1 || shared != 1 {
+		t.Errorf("want one GPU whole to trainer and one shared by the two MPS pods:\n%s", nodes)
+	}
+
+	var why string
+	e.eventually("the pending reason in kubectl tessera why", 30*time.Second, func() (bool, string) {
+		why = run("why", "too-big")
+		return strings.Contains(why, "Pending: ") && !strings.Contains(why, "no decision yet"), why
+	})
+	for _, want := range []string{"queue vision", "FailedScheduling"} {
+		if !strings.Contains(why, want) {
+			t.Errorf("why too-big: no %q:\n%s", want, why)
+		}
+	}
+	if got := run("why", "trainer"); !strings.Contains(got, "Scheduled to node gpu-a") {
+		t.Errorf("why trainer:\n%s", got)
+	}
+	var out bytes.Buffer
+	if err := ctl.Run(e.ctx, c, []string{"frobnicate"}, &out); err == nil || !strings.Contains(err.Error(), `unknown command "frobnicate"`) {
+		t.Errorf("unknown command: %v", err)
+	}
+}
+
+// rowHas reports whether some line of out has every field, in order.
+func rowHas(out string, fields ...string) bool {
+	for _, line := range strings.Split(out, "\n") {
+		rest, ok := line, true
+		for _, f := range fields {
+			i := strings.Index(rest, f)
+			if i < 0 {
+				ok = false
+				break
+			}
+			rest = rest[i+len(f):]
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
