@@ -17,6 +17,7 @@ import (
 	"io"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -127,7 +128,7 @@ func queues(ctx context.Context, c Clients, out io.Writer) error {
 		}
 		share, alloc, pend := "-", "-", "-"
 		if st, ok := q.Status.Resources["gpu"]; ok {
-			share, alloc, pend = st.FairShare.String(), st.Allocated.String(), st.Pending.String()
+			share, alloc, pend = gpus(st.FairShare), gpus(st.Allocated), gpus(st.Pending)
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\n", label, prio, quota, limit, weight, share, alloc, pend, q.Status.RunningPods, q.Status.PendingPods)
 		kids := children[name]
@@ -156,7 +157,12 @@ func unlimited(q *resource.Quantity) string {
 	if q.String() == schedv1.Unlimited {
 		return "none"
 	}
-	return q.String()
+	return gpus(*q)
+}
+
+// gpus writes a GPU amount as a decimal (1.5, not 1500m).
+func gpus(q resource.Quantity) string {
+	return strconv.FormatFloat(float64(q.MilliValue())/1000, 'f', -1, 64)
 }
 
 // gpuUse is what the allocated claims hold of one GPU.

@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -36,9 +37,11 @@ func TestKubectlPlugin(t *testing.T) {
 	var queues string
 	e.eventually("queue status in kubectl tessera queues", 30*time.Second, func() (bool, string) {
 		queues = run("queues")
-		return strings.Contains(queues, "└─ vision") && rowHas(queues, "vision", "100", "1", "2", "1", "2", "2", "3/1"), queues
+		// vision: priority, quota, limit, weight, fair share, allocated
+		// (a whole GPU and two halves), pending (too-big's 2), pods.
+		return hasRow(queues, "└─", "vision", "100", "1", "2", "1", "2", "1.5", "2", "3/1"), queues
 	})
-	if !rowHas(queues, "research", "100", "2", "-", "1") {
+	if !hasRow(queues, "research", "100", "2", "-", "1", "2", "1.5") {
 		t.Errorf("research row:\n%s", queues)
 	}
 	if !strings.Contains(queues, `run in queue "default", which has no Queue object`) {
@@ -73,6 +76,7 @@ func TestKubectlPlugin(t *testing.T) {
 			t.Errorf("why too-big: no %q:\n%s", want, why)
 		}
 	}
+	t.Logf("kubectl tessera queues:\n%s\nkubectl tessera nodes:\n%s\nkubectl tessera why too-big:\n%s", queues, nodes, why)
 	if got := run("why", "trainer"); !strings.Contains(got, "Scheduled to node gpu-a") {
 		t.Errorf("why trainer:\n%s", got)
 	}
@@ -80,6 +84,16 @@ func TestKubectlPlugin(t *testing.T) {
 	if err := ctl.Run(e.ctx, c, []string{"frobnicate"}, &out); err == nil || !strings.Contains(err.Error(), `unknown command "frobnicate"`) {
 		t.Errorf("unknown command: %v", err)
 	}
+}
+
+// hasRow reports whether some line of out starts with these fields.
+func hasRow(out string, fields ...string) bool {
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) >= len(fields) && slices.Equal(f[:len(fields)], fields) {
+			return true
+		}
+	}
+	return false
 }
 
 // rowHas reports whether some line of out has every field, in order.
