@@ -75,3 +75,20 @@ func TestFairShareUnlimitedCPUQuotaGetsDemand(t *testing.T) {
 	s.computeFairShare()
 	assert.Equal(t, int64(6000), s.queueByN["a"].fairShare[ResCPU])
 }
+
+// A parent's status sums its subtree's pending requests, as it does what
+// is allocated.
+func TestQueueStatusParentSumsPending(t *testing.T) {
+	snap := &Snapshot{Nodes: []Node{node("a", 1)}, Queues: []Queue{queue("org", "", 1, -1, 1), queue("x", "org", 1, -1, 1), queue("y", "org", 0, -1, 1)}}
+	snap.Jobs = []Job{
+		{Name: "jx", Queue: "x", Priority: 50, Preemptible: true, Pods: []Pod{{Name: "jx-0", Request: Request{GPUs: 1}}, {Name: "jx-1", Request: Request{GPUs: 1}}}, MinMember: 1},
+		{Name: "jy", Queue: "y", Priority: 50, Preemptible: true, Pods: []Pod{{Name: "jy-0", Request: Request{GPUs: 1}}}},
+	}
+	res := mustSchedule(t, snap, Config{})
+	if got := res.Queues["x"].Pending[ResGPU] + res.Queues["y"].Pending[ResGPU]; res.Queues["org"].Pending[ResGPU] != got || got != 3000 {
+		t.Errorf("org pending %d, children %d (want 3000: the cycle's start)", res.Queues["org"].Pending[ResGPU], got)
+	}
+	if res.Queues["org"].Allocated[ResGPU] != res.Queues["x"].Allocated[ResGPU]+res.Queues["y"].Allocated[ResGPU] {
+		t.Errorf("org allocated %v", res.Queues["org"].Allocated)
+	}
+}

@@ -365,7 +365,8 @@ type PendingPod struct {
 type QueueStatus struct {
 	FairShare Resources
 	Allocated Resources
-	// Pending is the sum of the requests of pending pods.
+	// Pending is the sum of the requests of pending pods (a parent's:
+	// of its subtree, like Allocated).
 	Pending Resources
 	// Quota and Limit echo the queue's settings (Unlimited = -1).
 	Quota Resources

@@ -98,9 +98,19 @@ func (s *session) result(res *Result) {
 		st.BelowMinMember = j.placed > 0 && j.placed < j.minMember
 		res.Jobs[j.name] = st
 	}
+	// Pending is kept on leaves (where pods are); a parent reports its
+	// subtree's, as Allocated does.
+	pending := make(map[*queueState]Resources, len(s.queues))
+	for _, q := range s.queues {
+		for a := q; a != nil; a = a.parent {
+			sum := pending[a]
+			addRes(&sum, q.pending, 1)
+			pending[a] = sum
+		}
+	}
 	res.Queues = make(map[string]QueueStatus, len(s.queues))
 	for _, q := range s.queues {
-		res.Queues[q.name] = QueueStatus{FairShare: q.fairShare, Allocated: q.allocated, Pending: q.pending, Quota: q.quota, Limit: q.limit}
+		res.Queues[q.name] = QueueStatus{FairShare: q.fairShare, Allocated: q.allocated, Pending: pending[q], Quota: q.quota, Limit: q.limit}
 	}
 }
 
