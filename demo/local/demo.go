@@ -34,6 +34,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/restmapper"
 
+	"github.com/tessera-gpu/tessera/cmd/kubectl-tessera/ctl"
 	"github.com/tessera-gpu/tessera/demo/examples"
 	"github.com/tessera-gpu/tessera/deploy/rbac"
 	"github.com/tessera-gpu/tessera/internal/childproc"
@@ -611,22 +612,22 @@ func (d *demo) story(ctx context.Context, pl map[string]Placement) (map[string]r
 		return nil, err
 	}
 	allocated := map[string]resource.Quantity{}
-	d.say("\nQueues (GPUs; status written by tessera-controller):")
-	w = tabwriter.NewWriter(d.opts.Out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "  QUEUE\tQUOTA\tFAIR SHARE\tALLOCATED\tPENDING\tPODS RUNNING/PENDING")
 	for _, q := range qs.Items {
-		quota, _, _ := unstructured.NestedFieldNoCopy(q.Object, "spec", "resources", "gpu", "quota")
 		g, _, _ := unstructured.NestedMap(q.Object, "status", "resources", "gpu")
-		run, _, _ := unstructured.NestedInt64(q.Object, "status", "runningPods")
-		pend, _, _ := unstructured.NestedInt64(q.Object, "status", "pendingPods")
 		if a, ok := g["allocated"].(string); ok {
 			if v, err := resource.ParseQuantity(a); err == nil {
 				allocated[q.GetName()] = v
 			}
 		}
-		fmt.Fprintf(w, "  %s\t%v\t%v\t%v\t%v\t%d/%d\n", q.GetName(), orDash(quota), orDash(g["fairShare"]), orDash(g["allocated"]), orDash(g["pending"]), run, pend)
 	}
-	w.Flush()
+	// The operator's view, as the kubectl plugin prints it.
+	clients := ctl.Clients{Kube: d.client, Dynamic: d.dyn}
+	for _, cmd := range []string{"queues", "nodes"} {
+		d.say("\n$ kubectl tessera %s", cmd)
+		if err := ctl.Run(ctx, clients, []string{cmd}, d.opts.Out); err != nil {
+			return nil, err
+		}
+	}
 	if lines := d.metrics("tessera_binds_total", "tessera_evictions_total"); len(lines) > 0 {
 		d.say("\ntessera-controller /metrics:")
 		for _, l := range lines {
@@ -634,13 +635,6 @@ func (d *demo) story(ctx context.Context, pl map[string]Placement) (map[string]r
 		}
 	}
 	return allocated, nil
-}
-
-func orDash(v any) any {
-	if v == nil {
-		return "-"
-	}
-	return v
 }
 
 // gpuInfo returns " — <product>" per node, from its ResourceSlices.

@@ -114,13 +114,13 @@ func queues(ctx context.Context, c Clients, out io.Writer) error {
 		if q.Spec.Priority != nil {
 			prio = *q.Spec.Priority
 		}
-		quota, limit, weight := "0", "-", "1"
+		quota, limit, weight := "0", "none", "1"
 		if g := q.Spec.Resources.GPU; g != nil {
 			if g.Quota != nil {
-				quota = unlimited(g.Quota)
+				quota = orUnlimited(g.Quota, "unlimited")
 			}
 			if g.Limit != nil {
-				limit = unlimited(g.Limit)
+				limit = orUnlimited(g.Limit, "none")
 			}
 			if g.OverQuotaWeight != nil {
 				weight = fmt.Sprint(*g.OverQuotaWeight)
@@ -153,9 +153,10 @@ func queues(ctx context.Context, c Clients, out io.Writer) error {
 	return nil
 }
 
-func unlimited(q *resource.Quantity) string {
+// orUnlimited writes a quota or limit, or word for -1.
+func orUnlimited(q *resource.Quantity, word string) string {
 	if q.String() == schedv1.Unlimited {
-		return "none"
+		return word
 	}
 	return gpus(*q)
 }

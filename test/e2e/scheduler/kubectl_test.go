@@ -41,7 +41,7 @@ func TestKubectlPlugin(t *testing.T) {
 		// (a whole GPU and two halves), pending (too-big's 2), pods.
 		return hasRow(queues, "└─", "vision", "100", "1", "2", "1", "2", "1.5", "2", "3/1"), queues
 	})
-	if !hasRow(queues, "research", "100", "2", "-", "1", "2", "1.5", "2", "3/1") {
+	if !hasRow(queues, "research", "100", "2", "none", "1", "2", "1.5", "2", "3/1") {
 		t.Errorf("research row:\n%s", queues)
 	}
 	if !strings.Contains(queues, `run in queue "default", which has no Queue object`) {
