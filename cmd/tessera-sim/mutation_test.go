@@ -1,0 +1,240 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// The mutation pass (controller/testdata/mutations): each entry breaks one
+// rule of DESIGN.md's "Scheduling semantics" in controller/core by exact
+// text edits, tessera-sim is built with the edits as a -overlay (the tree
+// is never touched), the scenario suite runs, and the scenarios that fail
+// are recorded. A rule is guarded when some scenario fails; an entry marked
+// equivalent must change nothing (the suite passes), and says why.
+// controller/testdata/scenarios/MUTATIONS.md is this test's output: run
+// with -update-mutations to rewrite it after adding scenarios or entries.
+
+var updateMutations = flag.Bool("update-mutations", false, "rewrite controller/testdata/scenarios/MUTATIONS.md from the mutation pass")
+
+const (
+	mutationsDir  = "../../controller/testdata/mutations"
+	scenariosGlob = "../../controller/testdata/scenarios/*.yaml"
+	mutationsDoc  = "../../controller/testdata/scenarios/MUTATIONS.md"
+	// Scenarios written because a mutation survived the rest of the suite.
+	mutationScenarios = "../../controller/testdata/scenarios/mutations.yaml"
+)
+
+type mutation struct {
+	Rule     string `yaml:"rule"`
+	Mutation string `yaml:"mutation"`
+	File     string `yaml:"file"` // relative to the repository root
+	Edits    []struct {
+		Old string `yaml:"old"`
+		New string `yaml:"new"`
+	} `yaml:"edits"`
+	// Equivalent, when set, says why the edit cannot change any outcome;
+	// the suite must then pass.
+	Equivalent string `yaml:"equivalent"`
+}
+
+func loadMutations(t *testing.T) []mutation {
+	files, err := filepath.Glob(filepath.Join(mutationsDir, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no mutation files in %s: %v", mutationsDir, err)
+	}
+	var all []mutation
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ms []mutation
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		dec.KnownFields(true)
+		if err := dec.Decode(&ms); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		for i, m := range ms {
+			if m.Rule == "" || m.Mutation == "" || m.File == "" || len(m.Edits) == 0 {
+				t.Fatalf("%s: entry %d needs rule, mutation, file and edits", f, i+1)
+			}
+		}
+		all = append(all, ms...)
+	}
+	return all
+}
+
+// apply returns the file with every edit made; each old text must occur
+// exactly once, so an entry that no longer matches the code fails loudly
+// instead of testing nothing.
+func (m *mutation) apply(src string) (string, error) {
+	for i, e := range m.Edits {
+		if n := strings.Count(src, e.Old); n != 1 {
+			return "", fmt.Errorf("edit %d: the old text occurs %d times in %s (want once):\n%s", i+1, n, m.File, e.Old)
+		}
+		src = strings.Replace(src, e.Old, e.New, 1)
+	}
+	return src, nil
+}
+
+func TestMutations(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the mutation pass builds tessera-sim once per mutation (about a minute); not in -short")
+	}
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(goBin); err != nil {
+		if goBin, err = exec.LookPath("go"); err != nil {
+			t.Fatalf("the mutation pass needs the go command: %v", err)
+		}
+	}
+	scenarios, err := filepath.Glob(scenariosGlob)
+	if err != nil || len(scenarios) == 0 {
+		t.Fatalf("no scenarios: %v", err)
+	}
+	added := scenarioNames(t, mutationScenarios)
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := t.TempDir()
+	ms := loadMutations(t)
+	failing := make([][]string, len(ms))
+	for i := range ms {
+		m := &ms[i]
+		src, err := os.ReadFile(filepath.Join(root, m.File))
+		if err != nil {
+			t.Fatalf("mutation %d (%s): %v", i, m.Mutation, err)
+		}
+		mutated, err := m.apply(string(src))
+		if err != nil {
+			t.Fatalf("mutation %d (%s): %v", i, m.Mutation, err)
+		}
+		dir := filepath.Join(tmp, fmt.Sprint(i))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		mfile := filepath.Join(dir, filepath.Base(m.File))
+		overlay, _ := json.Marshal(map[string]map[string]string{"Replace": {filepath.Join(root, m.File): mfile}})
+		bin := filepath.Join(dir, "tessera-sim")
+		if err := os.WriteFile(mfile, []byte(mutated), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "overlay.json"), overlay, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		build := exec.Command(goBin, "build", "-overlay", filepath.Join(dir, "overlay.json"), "-o", bin, ".")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("mutation %d (%s) does not build: %v\n%s", i, m.Mutation, err, out)
+		}
+		// A mutation may make a cycle loop; a minute is far beyond the suite's
+		// tenth of a second.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		run := exec.CommandContext(ctx, bin, append([]string{"run", "--json"}, scenarios...)...)
+		var stdout, stderr bytes.Buffer
+		run.Stdout, run.Stderr = &stdout, &stderr
+		err = run.Run()
+		cancel()
+		if code := run.ProcessState.ExitCode(); code != 0 && code != 1 {
+			t.Fatalf("mutation %d (%s): tessera-sim exit %v: %s", i, m.Mutation, err, stderr.String())
+		}
+		dec := json.NewDecoder(&stdout)
+		for dec.More() {
+			var r struct {
+				Name   string `json:"name"`
+				Passed bool   `json:"passed"`
+			}
+			if err := dec.Decode(&r); err != nil {
+				t.Fatalf("mutation %d: report: %v", i, err)
+			}
+			if !r.Passed {
+				failing[i] = append(failing[i], r.Name)
+			}
+		}
+		switch {
+		case m.Equivalent == "" && len(failing[i]) == 0:
+			t.Errorf("mutation %d survived: rule %q, %s — no scenario fails", i, m.Rule, m.Mutation)
+		case m.Equivalent != "" && len(failing[i]) > 0:
+			t.Errorf("mutation %d is marked equivalent but fails %v: %s", i, failing[i], m.Equivalent)
+		}
+	}
+	doc := mutationsTable(ms, failing, added)
+	if *updateMutations {
+		if err := os.WriteFile(mutationsDoc, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	have, err := os.ReadFile(mutationsDoc)
+	if err != nil || string(have) != doc {
+		t.Errorf("%s is not the mutation pass's output; run go test ./cmd/tessera-sim -run TestMutations -update-mutations and review the diff", mutationsDoc)
+	}
+}
+
+// scenarioNames lists the names of the scenarios in one file.
+func scenarioNames(t *testing.T, file string) map[string]bool {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	for {
+		var s struct {
+			Name string `yaml:"name"`
+		}
+		if err := dec.Decode(&s); err != nil {
+			break
+		}
+		names[s.Name] = true
+	}
+	return names
+}
+
+func mutationsTable(ms []mutation, failing [][]string, added map[string]bool) string {
+	var b strings.Builder
+	b.WriteString(`# Mutation pass over controller/core
+
+Generated by ` + "`go test ./cmd/tessera-sim -run TestMutations -update-mutations`" + `; ` + "`make test`" + ` checks that
+it is current. Each row breaks one rule of DESIGN.md's "Scheduling semantics" in controller/core (one
+default: in the scenario loader) with the exact edits listed in ` + "`controller/testdata/mutations/`" + `, builds tessera-sim with them as a ` + "`-overlay`" + `
+(the tree is not touched), runs the scenario suite and lists the scenarios that fail. A rule is guarded
+when some scenario fails; the test fails when a mutation survives, or when an edit no longer matches the
+code. Scenarios in *italics* live in ` + "`mutations.yaml`" + `: they were written because the mutation survived
+the rest of the suite. A row marked equivalent cannot change any outcome (it says why), and the test
+checks that the suite then passes.
+
+| # | rule | mutation | failing scenarios |
+|---|---|---|---|
+`)
+	for i, m := range ms {
+		var cell string
+		if m.Equivalent != "" {
+			cell = "none — equivalent: " + m.Equivalent
+		} else {
+			names := slices.Clone(failing[i])
+			sort.Strings(names)
+			for j, n := range names {
+				if added[n] {
+					names[j] = "*" + n + "*"
+				}
+			}
+			cell = strings.Join(names, ", ")
+		}
+		fmt.Fprintf(&b, "| %d | %s | %s (`%s`) | %s |\n", i, m.Rule, m.Mutation, m.File, cell)
+	}
+	return b.String()
+}
