@@ -24,6 +24,7 @@ import (
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/klog/v2"
 
@@ -33,9 +34,12 @@ import (
 
 var everything = labels.Everything()
 
-// sliceNodeIndex indexes ResourceSlices by spec.nodeName ("" for slices
-// not local to one node).
-const sliceNodeIndex = "node"
+// Informer indexes: ResourceSlices by spec.nodeName ("" for slices not
+// local to one node), PersistentVolumes by storage class.
+const (
+	sliceNodeIndex = "node"
+	pvClassIndex   = "storageClass"
+)
 
 // GVRs of Tessera's CRDs.
 var (
@@ -76,6 +80,7 @@ type Scheduler struct {
 	// Volumes (volumes.go).
 	pvcLister          corelisters.PersistentVolumeClaimLister
 	pvLister           corelisters.PersistentVolumeLister
+	pvIndexer          cache.Indexer // by storage class (pvClassIndex)
 	storageClassLister storagelisters.StorageClassLister
 	// Namespaces, for pod affinity terms with a namespaceSelector.
 	namespaceLister corelisters.NamespaceLister
@@ -167,6 +172,19 @@ func New(opts Options) (*Scheduler, error) {
 		return nil, err
 	}
 	s.sliceIndexer = sliceInformer.GetIndexer()
+	// Volumes by storage class, so a pod waiting for a pre-created volume
+	// reads its class's volumes, not the cluster's (per pod, per cycle).
+	pvInformer := s.factory.Core().V1().PersistentVolumes().Informer()
+	if err := pvInformer.AddIndexers(cache.Indexers{pvClassIndex: func(obj any) ([]string, error) {
+		pv, ok := obj.(*v1.PersistentVolume)
+		if !ok {
+			return nil, nil
+		}
+		return []string{volumehelpers.GetPersistentVolumeClass(pv)}, nil
+	}}); err != nil {
+		return nil, err
+	}
+	s.pvIndexer = pvInformer.GetIndexer()
 	s.queueInformer = s.dfactory.ForResource(QueueGVR).Informer()
 	s.groupInformer = s.dfactory.ForResource(PodGroupGVR).Informer()
 

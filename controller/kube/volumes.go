@@ -10,7 +10,6 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
@@ -170,16 +169,19 @@ func (s *Scheduler) volumesOf(pod *v1.Pod) (podVolumes, error) {
 	if len(out.delayed) == 0 {
 		return out, nil
 	}
-	all, err := s.pvLister.List(labels.Everything())
-	if err != nil {
-		return out, fmt.Errorf("listing PersistentVolumes: %w", err)
-	}
-	for _, pv := range all {
-		for _, d := range out.delayed {
-			if volumehelpers.GetPersistentVolumeClass(pv) == volumehelpers.GetPersistentVolumeClaimClass(d.pvc) {
-				out.pvs = append(out.pvs, pv)
-				break
-			}
+	classes := map[string]bool{}
+	for _, d := range out.delayed {
+		class := volumehelpers.GetPersistentVolumeClaimClass(d.pvc)
+		if classes[class] {
+			continue
+		}
+		classes[class] = true
+		objs, err := s.pvIndexer.ByIndex(pvClassIndex, class)
+		if err != nil {
+			return out, fmt.Errorf("listing PersistentVolumes of storage class %q: %w", class, err)
+		}
+		for _, o := range objs {
+			out.pvs = append(out.pvs, o.(*v1.PersistentVolume))
 		}
 	}
 	// A claim that only a pre-created volume can serve, and that no
