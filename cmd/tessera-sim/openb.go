@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -29,7 +30,7 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 	podsPath := fs.String("pods", "", "pod list CSV (openb_pod_list_*.csv)")
 	tune := fs.Float64("tune", 1.3, "arrived GPU demand as a multiple of cluster GPU capacity")
 	seed := fs.Uint64("seed", 42, "random seed for the shuffle and the copies")
-	seeds := fs.String("seeds", "", "several seeds, e.g. 42-51 or 1,5,9: prints each and the mean (overrides --seed)")
+	seeds := fs.String("seeds", "", "several seeds, e.g. 42-51 or 1,5,9: prints each and the mean (instead of --seed; each seed once, at most 10000)")
 	asJSON := fs.Bool("json", false, "print JSON, one object per line")
 	policies := fs.String("policy", "tessera", "placement policy: tessera (default), fgd (FGD as published), bestfit, firstfit; a comma list compares them in one run")
 	ceiling := fs.Bool("ceiling", false, "also print the clairvoyant ceiling (a reference, not a policy: knows every arrival in advance and ignores nodes; see README)")
@@ -56,6 +57,11 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 	}
 	seedList := []uint64{*seed}
 	if *seeds != "" {
+		seedSet := false
+		fs.Visit(func(f *flag.Flag) { seedSet = seedSet || f.Name == "seed" })
+		if seedSet {
+			return fail(errors.New("--seed and --seeds: give one of them"))
+		}
 		var err error
 		if seedList, err = parseSeeds(*seeds); err != nil {
 			return fail(err)
@@ -69,11 +75,19 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 		noPods bool
 	}
 	var pols []runner
+	seenPol := map[packing.Policy]bool{}
 	for _, s := range strings.Split(*policies, ",") {
+		if strings.TrimSpace(s) == "" {
+			return fail(fmt.Errorf("--policy %q: an empty policy name", *policies))
+		}
 		p, err := packing.ParsePolicy(s)
 		if err != nil {
 			return fail(err)
 		}
+		if seenPol[p] {
+			return fail(fmt.Errorf("--policy %q: %s is listed twice", *policies, p))
+		}
+		seenPol[p] = true
 		pols = append(pols, runner{name: p.String(), run: func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error) {
 			return openb.Replay(nodes, pods, openb.Config{Tune: *tune, Seed: seed, Policy: p})
 		}})
@@ -100,6 +114,10 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 	pods, err := openb.LoadPods(*podsPath)
 	if err != nil {
 		return fail(fmt.Errorf("--pods: %w", err))
+	}
+	// Checked before any output, so a table never starts and then stops.
+	if !slices.ContainsFunc(nodes, func(n openb.Node) bool { return n.GPUs > 0 }) {
+		return fail(fmt.Errorf("--nodes: %s lists no node with GPUs", *nodesPath))
 	}
 	// A model name that no node has is most likely a typo in the trace;
 	// such pods still arrive (and fail), as the protocol says, but say so.
@@ -155,12 +173,14 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// maxSeeds bounds one range of --seeds (each seed is a full replay).
+// maxSeeds bounds --seeds (each seed is a full replay).
 const maxSeeds = 10000
 
-// parseSeeds reads "42-51" (inclusive) or "1,5,9" or a mix ("1,42-44").
+// parseSeeds reads "42-51" (inclusive) or "1,5,9" or a mix ("1,42-44"); a
+// seed listed twice would count twice in the mean, so it is refused.
 func parseSeeds(s string) ([]uint64, error) {
 	var out []uint64
+	seen := map[uint64]bool{}
 	for _, part := range strings.Split(s, ",") {
 		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
 		a, err := strconv.ParseUint(lo, 10, 64)
@@ -172,11 +192,15 @@ func parseSeeds(s string) ([]uint64, error) {
 			if b, err = strconv.ParseUint(hi, 10, 64); err != nil || b < a {
 				return nil, fmt.Errorf("--seeds %q: %q is not a range like 42-51", s, part)
 			}
-			if b-a >= maxSeeds {
-				return nil, fmt.Errorf("--seeds %q: %q has %d seeds; at most %d in a range", s, part, b-a+1, maxSeeds)
-			}
+		}
+		if b-a >= maxSeeds || len(out)+int(b-a)+1 > maxSeeds {
+			return nil, fmt.Errorf("--seeds %q: more than %d seeds", s, maxSeeds)
 		}
 		for v := a; ; v++ {
+			if seen[v] {
+				return nil, fmt.Errorf("--seeds %q: seed %d is listed twice", s, v)
+			}
+			seen[v] = true
 			out = append(out, v)
 			if v == b {
 				break

@@ -15,7 +15,7 @@ func TestParseSeeds(t *testing.T) {
 	if err != nil || !slices.Equal(got, []uint64{1, 42, 43, 44}) {
 		t.Fatalf("got %v, %v", got, err)
 	}
-	for _, bad := range []string{"x", "5-3", "1-", "", "0-10000"} {
+	for _, bad := range []string{"x", "5-3", "1-", "", "0-10000", "1,1", "0-9999,10000"} {
 		if _, err := parseSeeds(bad); err == nil {
 			t.Errorf("parseSeeds(%q): no error", bad)
 		}
@@ -69,20 +69,33 @@ func TestOpenBJSON(t *testing.T) {
 	if len(rates) != 3 || rates["ceiling"] < rates["tessera"] || rates["tessera"] == 0 || rates["bound"] < 0.75 || rates["bound"] > 0.75+1e-6 {
 		t.Errorf("--ceiling --bound: rates %v", rates)
 	}
-	errb.Reset()
-	if rc := openbMain([]string{"--nodes", nodes, "--pods", pods, "--policy", "random"}, &out, &errb); rc != 2 || !strings.Contains(errb.String(), "unknown placement policy") {
-		t.Errorf("bad policy: rc %d, %q", rc, errb.String())
-	}
-	errb.Reset()
-	if rc := openbMain([]string{"--nodes", nodes, "--pods", pods, "--tune", "1e9"}, &out, &errb); rc != 2 || !strings.Contains(errb.String(), "--tune: tune 1e+09 must be a number above 0 and at most 100") {
-		t.Errorf("huge tune: rc %d, %q", rc, errb.String())
-	}
-	errb.Reset()
-	if rc := openbMain([]string{"--nodes", filepath.Join(dir, "missing.csv"), "--pods", pods}, &out, &errb); rc != 2 || !strings.HasPrefix(errb.String(), "tessera-sim openb: --nodes: open ") {
-		t.Errorf("missing nodes file: rc %d, %q", rc, errb.String())
-	}
-	errb.Reset()
-	if rc := openbMain([]string{"--nodes", nodes, "--pods", nodes}, &out, &errb); rc != 2 || !strings.Contains(errb.String(), "nodes.csv:1:") {
-		t.Errorf("bad pods file: rc %d, %q", rc, errb.String())
+	cpuNodes := filepath.Join(dir, "cpu-nodes.csv")
+	os.WriteFile(cpuNodes, []byte("sn,cpu_milli,memory_mib,gpu,model\nc0,8000,1000,0,\n"), 0o644)
+	// Bad flags and files: exit 2, a message naming what is wrong, and
+	// nothing on stdout (no table that starts and then stops).
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown policy", []string{"--policy", "random"}, "unknown placement policy"},
+		{"empty policy", []string{"--policy", "bestfit,"}, `--policy "bestfit,": an empty policy name`},
+		{"policy twice", []string{"--policy", "fgd,bestfit,fgd"}, "fgd is listed twice"},
+		{"huge tune", []string{"--tune", "1e9"}, "--tune: tune 1e+09 must be a number above 0 and at most 100"},
+		{"seed and seeds", []string{"--seed", "1", "--seeds", "2-3"}, "--seed and --seeds: give one of them"},
+		{"seed twice", []string{"--seeds", "1-3,2"}, "seed 2 is listed twice"},
+		{"too many seeds", []string{"--seeds", "0-18446744073709551615"}, "more than 10000 seeds"},
+		{"too many seeds in all", []string{"--seeds", "0-9999,10000-10001"}, "more than 10000 seeds"},
+		{"missing nodes file", []string{"--nodes", filepath.Join(dir, "missing.csv")}, "tessera-sim openb: --nodes: open "},
+		{"bad pods file", []string{"--pods", nodes}, "nodes.csv:1:"},
+		{"no GPU nodes", []string{"--nodes", cpuNodes, "--seeds", "1-2"}, "tessera-sim openb: --nodes: " + cpuNodes + " lists no node with GPUs"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			args := append([]string{"--nodes", nodes, "--pods", pods}, c.args...)
+			var out, errb bytes.Buffer
+			if rc := openbMain(args, &out, &errb); rc != 2 || !strings.Contains(errb.String(), c.want) || out.Len() > 0 {
+				t.Errorf("rc %d, stderr %q, stdout %q; want 2, %q, nothing", rc, errb.String(), out.String(), c.want)
+			}
+		})
 	}
 }

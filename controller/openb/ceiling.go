@@ -97,38 +97,42 @@ func Ceiling(nodes []Node, pods []Pod, tune float64, seed uint64, step int) (Cei
 		return g.milli
 	}
 
-	// The first prefix worth trying: 90 % of the cluster asked for.
-	start := len(seq)
-	var asked int64
+	// asked[k] is the GPU the first k arrivals ask for.
+	asked := make([]int64, len(seq)+1)
 	for k, pi := range seq {
-		if asked >= capMilli*9/10 {
-			start = k
-			break
+		asked[k+1] = asked[k] + sorted[pi].GPUMilliTotal()
+	}
+	// firstAsking is the first prefix that asks for at least m.
+	firstAsking := func(m int64) int {
+		k, _ := slices.BinarySearch(asked, m)
+		return min(k, len(seq))
+	}
+
+	var prefix []gpuPod
+	// pack packs the GPU pods of the first k arrivals best-fit decreasing.
+	pack := func(k int) (pool, bool) {
+		prefix = prefix[:0]
+		for _, pi := range seq[:k] {
+			if sorted[pi].NumGPU > 0 {
+				prefix = append(prefix, shape(&sorted[pi]))
+			}
 		}
-		asked += sorted[pi].GPUMilliTotal()
+		slices.SortStableFunc(prefix, func(a, b gpuPod) int { return size(b) - size(a) })
+		var p pool
+		p[packing.MilliPerGPU] = gpus
+		for _, g := range prefix {
+			if !p.place(g.n, g.milli) {
+				return p, false
+			}
+		}
+		return p, true
 	}
 
 	best := CeilingResult{Result: Result{Seed: seed, Tune: tune, PodsArrived: len(seq), GPUCapacity: int64(gpus)}}
 	bestFree := int64(-1)
-	var prefix []gpuPod
 	try := func(from int) {
 		for k := from; k <= len(seq); k += step {
-			prefix = prefix[:0]
-			for _, pi := range seq[:k] {
-				if sorted[pi].NumGPU > 0 {
-					prefix = append(prefix, shape(&sorted[pi]))
-				}
-			}
-			slices.SortStableFunc(prefix, func(a, b gpuPod) int { return size(b) - size(a) })
-			var p pool
-			p[packing.MilliPerGPU] = gpus
-			fits := true
-			for _, g := range prefix {
-				if !p.place(g.n, g.milli) {
-					fits = false
-					break
-				}
-			}
+			p, fits := pack(k)
 			if !fits {
 				// Prefixes only grow from here; best-fit decreasing on a
 				// superset is taken not to pack whole either (a heuristic).
@@ -159,11 +163,25 @@ func Ceiling(nodes []Node, pods []Pod, tune float64, seed uint64, step int) (Cei
 			}
 		}
 	}
-	try(start)
+	// The first prefix worth trying: 90 % of the cluster asked for.
+	try(firstAsking(capMilli * 9 / 10))
 	if bestFree < 0 {
-		// Even the 90 % prefix does not pack whole (a small cluster, or
-		// large pods): try them all from the empty prefix, which always packs.
-		try(0)
+		// Even that prefix does not pack whole (a small cluster, large
+		// pods, or fractions that pair badly): find the longest prefix
+		// that packs, by bisection under the same heuristic (packing is
+		// taken to fail for every longer prefix once it fails), and try
+		// from the one asking 90 % of what it asks. Trying every prefix
+		// from the empty one took minutes on traces with many fractions.
+		lo, hi := 0, len(seq) // pack(lo) holds (the empty prefix always packs)
+		for lo < hi {
+			mid := lo + (hi-lo+1)/2
+			if _, ok := pack(mid); ok {
+				lo = mid
+			} else {
+				hi = mid - 1
+			}
+		}
+		try(firstAsking(asked[lo] * 9 / 10))
 	}
 	best.AllocatedMilli = capMilli - bestFree
 	best.GPUAllocated = float64(best.AllocatedMilli) / packing.MilliPerGPU

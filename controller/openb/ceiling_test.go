@@ -86,7 +86,8 @@ func TestCeilingAboveReplays(t *testing.T) {
 
 // TestCeilingSmallCluster: when even the prefix that asks for 90 % of the
 // cluster does not pack whole (large pods on a small cluster), the ceiling
-// searches from the empty prefix instead of failing.
+// searches from the longest prefix that packs (found by bisection) instead
+// of failing.
 func TestCeilingSmallCluster(t *testing.T) {
 	nodes := []Node{{Name: "n0", CPUMilli: 64000, MemoryMiB: 1 << 20, GPUs: 2, Model: "T4"}}
 	// Three 700-milli pods: the 90 % prefix is all three, which two GPUs
@@ -118,11 +119,14 @@ func TestCheckTuneAndUnknownModels(t *testing.T) {
 	if err := CheckTune(1.3); err != nil {
 		t.Error(err)
 	}
-	nodes := []Node{{Name: "n0", GPUs: 1, Model: "T4"}}
+	nodes := []Node{{Name: "n0", GPUs: 1, Model: "T4"}, {Name: "cpu", Model: "H100"}}
 	pods := []Pod{
 		{Name: "ok", NumGPU: 1, GPUMilli: 1000, Models: []string{"T4", "A100"}},
+		// H100 is only on a node without GPUs: it cannot serve.
 		{Name: "typo", NumGPU: 1, GPUMilli: 1000, Models: []string{"T-4", "H100"}},
 		{Name: "any", NumGPU: 1, GPUMilli: 1000},
+		// A CPU-only pod's gpu_spec constrains nothing.
+		{Name: "cpuOnly", Models: []string{"V100"}},
 	}
 	models, n := UnknownModels(nodes, pods)
 	if n != 1 || len(models) != 2 || models[0] != "H100" || models[1] != "T-4" {

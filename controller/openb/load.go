@@ -4,6 +4,7 @@
 package openb
 
 import (
+	"bufio"
 	"encoding/csv"
 	"errors"
 	"fmt"
@@ -76,7 +77,13 @@ func openTable(path string, required []string) (*table, func() error, error) {
 	if err != nil {
 		return nil, nil, err // os names the path
 	}
-	r := csv.NewReader(f)
+	// A byte-order mark (spreadsheets write one) is not part of the first
+	// column's name; drop it before the CSV reader sees a quote after it.
+	br := bufio.NewReader(f)
+	if bom, err := br.Peek(3); err == nil && string(bom) == "\ufeff" {
+		br.Discard(3)
+	}
+	r := csv.NewReader(br)
 	r.FieldsPerRecord = 0 // every row as wide as the header
 	r.ReuseRecord = true
 	t := &table{path: path, r: r, col: map[string]int{}}
@@ -87,9 +94,6 @@ func openTable(path string, required []string) (*table, func() error, error) {
 		return nil, nil, t.wrap(err)
 	}
 	for i, name := range h {
-		if i == 0 {
-			name = strings.TrimPrefix(name, "\ufeff")
-		}
 		if prev, dup := t.col[name]; dup {
 			f.Close()
 			return nil, nil, t.errAt(i, "header column %d repeats column %d (%q)", i+1, prev+1, name)
@@ -156,6 +160,9 @@ func (t *table) errAt(col int, format string, args ...any) error {
 func (t *table) int(name string, lo, hi int64) (int64, error) {
 	s, col := t.field(name)
 	v, err := strconv.ParseInt(s, 10, 64)
+	if errors.Is(err, strconv.ErrRange) {
+		return 0, t.errAt(col, "%s: %s is out of range [%d, %d]", name, s, lo, hi)
+	}
 	if err != nil {
 		return 0, t.errAt(col, "%s: %q is not an integer", name, s)
 	}
@@ -281,16 +288,19 @@ func LoadPods(path string) ([]Pod, error) {
 	return pods, nil
 }
 
-// UnknownModels lists the GPU models that pods' gpu_spec names but no node
-// has, and counts the pods that may use none but such models.
+// UnknownModels lists the GPU models that GPU pods' gpu_spec names but no
+// node with GPUs has, and counts the pods that may use none but such
+// models (a CPU-only pod's gpu_spec constrains nothing).
 func UnknownModels(nodes []Node, pods []Pod) (models []string, n int) {
 	have := map[string]bool{}
 	for _, nd := range nodes {
-		have[nd.Model] = true
+		if nd.GPUs > 0 {
+			have[nd.Model] = true
+		}
 	}
 	missing := map[string]bool{}
 	for _, p := range pods {
-		if len(p.Models) == 0 {
+		if len(p.Models) == 0 || p.NumGPU == 0 {
 			continue
 		}
 		usable := false

@@ -36,6 +36,7 @@ func TestLoadBadFiles(t *testing.T) {
 		{"fields", nodeHdr + "n0,1000,10,2\n", "nodes.csv:2:1: wrong number of fields", false},
 		{"int", nodeHdr + "n0,1000,10,2,T4\nn1,lots,10,2,T4\n", "nodes.csv:3:4: cpu_milli: \"lots\" is not an integer", false},
 		{"negative", nodeHdr + "n0,1000,-1,2,T4\n", "nodes.csv:2:9: memory_mib: -1 is out of range", false},
+		{"overflow", nodeHdr + "n0,99999999999999999999,1,2,T4\n", "nodes.csv:2:4: cpu_milli: 99999999999999999999 is out of range", false},
 		{"dup", nodeHdr + "n0,1,1,1,T4\nn0,1,1,1,T4\n", "nodes.csv:3:1: node \"n0\" repeats the one on line 2", false},
 		{"model", nodeHdr + "n0,1,1,1,\n", "nodes.csv:2:10: model: empty", false},
 		{"empty", "", "nodes.csv: empty file", false},
@@ -303,6 +304,16 @@ func TestLoadColumnsByName(t *testing.T) {
 	want = []Pod{{Name: "p0", CPUMilli: 1000, MemoryMiB: 10, NumGPU: 1, GPUMilli: 500, Models: []string{"T4", "P100"}}}
 	if !slices.EqualFunc(pods, want, podEqual) {
 		t.Fatalf("reordered columns: got %+v, want %+v", pods, want)
+	}
+	// A byte-order mark before a quoted header (a spreadsheet's export) is
+	// not part of the first column's name.
+	bom := write(t, "pods.csv", "\ufeff\"name\",\"cpu_milli\",\"memory_mib\",\"num_gpu\",\"gpu_milli\"\r\n\"p0\",\"1000\",\"10\",\"1\",\"500\"\r\n")
+	pods, err = LoadPods(bom)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []Pod{{Name: "p0", CPUMilli: 1000, MemoryMiB: 10, NumGPU: 1, GPUMilli: 500}}; !slices.EqualFunc(pods, want, podEqual) {
+		t.Fatalf("BOM and quoted header: got %+v, want %+v", pods, want)
 	}
 	// An error still points at the right column of a reordered file.
 	bad := write(t, "pods.csv", "gpu_milli,name,cpu_milli,memory_mib,num_gpu\n1200,p0,1,1,1\n")
