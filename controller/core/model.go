@@ -266,6 +266,13 @@ type Pod struct {
 	// like Feasible it must be deterministic and cheap.
 	Prefers   []PreferredTerm
 	NodeScore func(node string) int64
+	// Attracts are this pod's pull on pods yet to be placed (Kubernetes'
+	// symmetry of inter-pod affinity): while it is placed, a pod that a
+	// term selects scores Weight on every node in this pod's domain of the
+	// term (negative: pushed away). Kubernetes gives existing pods'
+	// preferred terms their weight, and their required affinity terms a
+	// weight of 1; the adapter says which.
+	Attracts []PreferredTerm
 	// Pinned pods are never moved by consolidation (a move evicts the pod
 	// and counts on its controller to recreate it; a bare pod would be
 	// lost). They may still be reclaimed or preempted.
@@ -388,7 +395,7 @@ type Timing struct {
 	Duration time.Duration
 }
 
-// PreferredTerm is a soft pod term: see Pod.Prefers.
+// PreferredTerm is a soft pod term: see Pod.Prefers and Pod.Attracts.
 type PreferredTerm struct {
 	Term   string
 	Weight int64

@@ -75,15 +75,29 @@ func (s *session) scorePlan(p *podState, pl *plan) int64 {
 // node (far below 2³¹) and the preference is clamped to ±2³⁰.
 func (s *session) key(p *podState, n *nodeState, used int64, broke bool) int64 {
 	sc := s.scorer.score(p, n, used, broke)
-	if !p.hasPreferences() {
+	if !s.hasPreferences(p) {
 		return sc
 	}
 	return min(max(preference(p, n), -1<<30), 1<<30)<<32 + sc
 }
 
-func (p *podState) hasPreferences() bool { return p.nodeScore != nil || len(p.prefers) > 0 }
+// hasPreferences: p has soft terms of its own, or a placed pod attracts
+// (or repels) pods of a term that selects p.
+func (s *session) hasPreferences(p *podState) bool {
+	if p.nodeScore != nil || len(p.prefers) > 0 {
+		return true
+	}
+	for _, k := range p.matches {
+		if s.terms.attractors[k] > 0 {
+			return true
+		}
+	}
+	return false
+}
 
-// preference is p's soft score on n (Pod.Prefers, Pod.NodeScore).
+// preference is p's soft score on n: Pod.Prefers, Pod.NodeScore, and the
+// pull of the placed pods around n (Pod.Attracts) through the terms that
+// select p.
 func preference(p *podState, n *nodeState) int64 {
 	var v int64
 	if p.nodeScore != nil {
@@ -92,6 +106,11 @@ func preference(p *podState, n *nodeState) int64 {
 	for _, t := range p.prefers {
 		if d := n.apart[t.term]; d != nil {
 			v += t.weight * int64(d.matching)
+		}
+	}
+	for _, k := range p.matches {
+		if d := n.apart[k]; d != nil {
+			v += d.attract
 		}
 	}
 	return v
@@ -376,7 +395,7 @@ func fractionOn(r *Request, g *gpuState) (milli, mem int64) {
 // chosen; the scan itself allocates nothing.
 func (s *session) bestNode(p *podState) *plan {
 	r := &p.req
-	if r.IsFraction() || (r.GPUs > 1 && r.NVLink == NVLinkRequired) || len(p.models) > 0 || p.feasible != nil || p.matches != nil || p.avoids != nil || p.needs != nil || p.spread != nil || p.hasPreferences() {
+	if r.IsFraction() || (r.GPUs > 1 && r.NVLink == NVLinkRequired) || len(p.models) > 0 || p.feasible != nil || p.matches != nil || p.avoids != nil || p.needs != nil || p.spread != nil || s.hasPreferences(p) {
 		return s.bestNodeSlow(p)
 	}
 	used := int64(r.GPUs) * 1000
@@ -416,6 +435,7 @@ func (s *session) bestNode(p *podState) *plan {
 func (s *session) bestNodeSlow(p *podState) *plan {
 	var best *plan
 	var bestScore int64
+	prefs := s.hasPreferences(p)
 	for _, n := range s.nodes {
 		if p.req.GPUs > 0 && n.freeWhole < p.req.GPUs {
 			continue // the common rejection, before any work
@@ -427,7 +447,7 @@ func (s *session) bestNodeSlow(p *podState) *plan {
 		sc := s.scorePlan(p, pl)
 		// Alike nodes tie, and the earlier wins, unless the pod's
 		// preferences tell them apart (by name or by domain).
-		if best == nil || (p.hasPreferences() || !sameState(n, best.node)) && s.better(p, pl, sc, best, bestScore) {
+		if best == nil || (prefs || !sameState(n, best.node)) && s.better(p, pl, sc, best, bestScore) {
 			best, bestScore = pl, sc
 		}
 	}

@@ -74,6 +74,28 @@ func TestPreferences(t *testing.T) {
 				NodeScore: func(n string) int64 { return map[string]int64{"c": 4}[n] }}},
 			want: map[string]string{"p": "b"},
 		},
+		{
+			// Kubernetes' symmetry: the running pod's own terms pull
+			// (or push) pods they select, which carry no terms.
+			name: "a placed pod attracts the pods its term selects", nodes: hosts, terms: map[string]string{"web": host},
+			running: []Pod{
+				{Name: "x", Request: Request{GPUs: 4}, Phase: PodRunning, Placement: Placement{Node: "a", GPUs: []int{0, 1, 2, 3}}},
+				{Name: "cache", Request: Request{GPUs: 1}, Attracts: []PreferredTerm{{Term: "web", Weight: 5}}, Phase: PodRunning, Placement: Placement{Node: "c", GPUs: []int{0}}},
+			},
+			pending: []Pod{{Name: "w", Request: Request{GPUs: 1}, Matches: []string{"web"}}, {Name: "other", Request: Request{GPUs: 1}}},
+			// w: c (+5), though bin-packing prefers a; other is not
+			// selected: a.
+			want: map[string]string{"w": "c", "other": "a"},
+		},
+		{
+			name: "a placed pod repels, and placements this cycle count", nodes: hosts, terms: map[string]string{"web": host},
+			pending: []Pod{
+				{Name: "loner", Request: Request{GPUs: 1}, Attracts: []PreferredTerm{{Term: "web", Weight: -5}}},
+				{Name: "w", Request: Request{GPUs: 1}, Matches: []string{"web"}},
+			},
+			// loner goes first (a); w keeps away from it: b.
+			want: map[string]string{"loner": "a", "w": "b"},
+		},
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.run)
@@ -85,5 +107,9 @@ func TestPreferencesUnknownTerm(t *testing.T) {
 		Jobs: []Job{{Name: "j", Queue: "q", Pods: []Pod{{Name: "p", Prefers: []PreferredTerm{{Term: "nope", Weight: 1}}}}}}}
 	if _, err := Schedule(snap, Config{}); err == nil {
 		t.Fatal("an unknown preferred term was accepted")
+	}
+	snap.Jobs[0].Pods[0].Prefers, snap.Jobs[0].Pods[0].Attracts = nil, []PreferredTerm{{Term: "nope", Weight: 1}}
+	if _, err := Schedule(snap, Config{}); err == nil {
+		t.Fatal("an unknown attracting term was accepted")
 	}
 }

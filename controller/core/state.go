@@ -68,6 +68,7 @@ type podState struct {
 	// prefers and nodeScore are Pod.Prefers (terms as indices) and
 	// Pod.NodeScore.
 	prefers   []prefTerm
+	attracts  []prefTerm // Pod.Attracts
 	nodeScore func(node string) int64
 	feasible  func(node string, gpu int) bool
 	pinned    bool
@@ -194,15 +195,21 @@ type spreadState struct {
 	found                     bool
 }
 
-// termState counts, per term, the placed pods that match it anywhere, and
-// knows the nodes, for spread constraints' domains.
+// termState counts, per term, the placed pods that match it anywhere and
+// those that attract pods it selects (Pod.Attracts), and knows the nodes,
+// for spread constraints' domains.
 type termState struct {
-	matching []int
-	nodes    []*nodeState
+	matching, attractors []int
+	nodes                []*nodeState
 }
 
-// apartCount is one topology domain's pods for one anti-affinity term.
-type apartCount struct{ matching, avoiding int }
+// apartCount is one topology domain's pods for one term: those it selects,
+// those that must avoid them (required anti-affinity), and the placed
+// pods' pull on pods it selects (Pod.Attracts).
+type apartCount struct {
+	matching, avoiding int
+	attract            int64
+}
 
 type failEntry struct {
 	epoch  int
@@ -261,6 +268,12 @@ func (s *session) place(p *podState, n *nodeState, gpus []int, milli, mem []int6
 			d.avoiding++
 		}
 	}
+	for _, t := range p.attracts {
+		n.terms.attractors[t.term]++
+		if d := n.apart[t.term]; d != nil {
+			d.attract += t.weight
+		}
+	}
 	if !n.unschedulable {
 		s.free[ResCPU] -= p.req.CPU
 		s.free[ResMemory] -= p.req.Memory
@@ -305,6 +318,12 @@ func (s *session) unplace(p *podState) {
 	for _, k := range p.avoids {
 		if d := n.apart[k]; d != nil {
 			d.avoiding--
+		}
+	}
+	for _, t := range p.attracts {
+		n.terms.attractors[t.term]--
+		if d := n.apart[t.term]; d != nil {
+			d.attract -= t.weight
 		}
 	}
 	if !n.unschedulable {
@@ -576,6 +595,13 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 		}
 		ps.prefers = append(ps.prefers, prefTerm{term: k, weight: t.Weight})
 	}
+	for _, t := range p.Attracts {
+		k, ok := s.termByN[t.Term]
+		if !ok {
+			return nil, fmt.Errorf("attracting term %q is not in the snapshot's PodTerms", t.Term)
+		}
+		ps.attracts = append(ps.attracts, prefTerm{term: k, weight: t.Weight})
+	}
 	ps.nodeScore = p.NodeScore
 	for name, v := range r.Other {
 		if v < 0 {
@@ -783,6 +809,7 @@ func (s *session) indexTerms(snap *Snapshot) ([]map[string]*apartCount, error) {
 	}
 	slices.Sort(s.termNames)
 	s.terms.matching = make([]int, len(s.termNames))
+	s.terms.attractors = make([]int, len(s.termNames))
 	domains := make([]map[string]*apartCount, len(s.termNames))
 	for k, name := range s.termNames {
 		s.termByN[name] = k

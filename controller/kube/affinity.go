@@ -44,13 +44,19 @@ type ownTerms struct {
 	avoids, needs []string
 	spread        []core.SpreadConstraint
 	prefers       []core.PreferredTerm
-	err           error
+	// attracts: the pod's pull on the pods its terms select (core.Pod.Attracts).
+	attracts []core.PreferredTerm
+	err      error
 }
 
 // scheduleAnywayWeight is what one pod in a domain weighs against a
 // ScheduleAnyway spread constraint: a preferred anti-affinity term of the
 // least weight Kubernetes allows.
 const scheduleAnywayWeight = 1
+
+// hardAffinityWeight is the pull of a placed pod's required affinity term on
+// the pods it selects, as kube-scheduler's default hardPodAffinityWeight.
+const hardAffinityWeight = 1
 
 // collectTerms registers the terms of the pods the snapshot considers and
 // returns, per pod that has any, its own.
@@ -70,7 +76,14 @@ func collectTerms(pods []*v1.Pod, nsLabels func(string) map[string]string) (*pod
 		if o.avoids, o.err = terms.add(pod, anti); o.err == nil {
 			if o.needs, o.err = terms.add(pod, aff); o.err == nil {
 				if o.spread, o.prefers, o.err = terms.spread(pod); o.err == nil {
-					o.prefers, o.err = terms.addPreferred(pod, o.prefers, preferAff, preferAnti)
+					var soft []core.PreferredTerm
+					if soft, o.err = terms.addPreferred(pod, preferAff, preferAnti); o.err == nil {
+						o.prefers, o.attracts = merge(o.prefers, soft), merge(nil, soft)
+						for _, name := range o.needs {
+							o.attracts = addPreference(o.attracts, name, hardAffinityWeight)
+						}
+						sortTerms(o.attracts)
+					}
 				}
 			}
 		}
@@ -110,10 +123,11 @@ func preferredTerms(pod *v1.Pod) (anti, affinity []v1.WeightedPodAffinityTerm) {
 	return anti, affinity
 }
 
-// addPreferred registers the pod's preferred terms and appends them to
-// prefers, affinity with its weight and anti-affinity with the weight
-// negated; alike terms of one pod add up.
-func (t *podTerms) addPreferred(pod *v1.Pod, prefers []core.PreferredTerm, affinity, anti []v1.WeightedPodAffinityTerm) ([]core.PreferredTerm, error) {
+// addPreferred registers the pod's preferred terms and returns them,
+// affinity with its weight and anti-affinity with the weight negated; alike
+// terms of one pod add up.
+func (t *podTerms) addPreferred(pod *v1.Pod, affinity, anti []v1.WeightedPodAffinityTerm) ([]core.PreferredTerm, error) {
+	var prefers []core.PreferredTerm
 	for _, kind := range []struct {
 		what  string
 		sign  int64
@@ -127,8 +141,21 @@ func (t *podTerms) addPreferred(pod *v1.Pod, prefers []core.PreferredTerm, affin
 			prefers = addPreference(prefers, names[0], kind.sign*int64(kind.terms[i].Weight))
 		}
 	}
-	slices.SortFunc(prefers, func(a, b core.PreferredTerm) int { return strings.Compare(a.Term, b.Term) })
+	sortTerms(prefers)
 	return prefers, nil
+}
+
+// merge adds the weights of more to into (alike terms add up), sorted.
+func merge(into, more []core.PreferredTerm) []core.PreferredTerm {
+	for _, p := range more {
+		into = addPreference(into, p.Term, p.Weight)
+	}
+	sortTerms(into)
+	return into
+}
+
+func sortTerms(ts []core.PreferredTerm) {
+	slices.SortFunc(ts, func(a, b core.PreferredTerm) int { return strings.Compare(a.Term, b.Term) })
 }
 
 func addPreference(prefers []core.PreferredTerm, term string, weight int64) []core.PreferredTerm {

@@ -88,6 +88,26 @@ func TestPreferredTerms(t *testing.T) {
 	}
 	// The same term as anti-affinity (−100) and affinity (+20) adds up.
 	assert.Equal(t, map[string]int64{"kubernetes.io/hostname": -80, "zone": 30}, byTopology)
+	// Placed, the pod pulls the pods its terms select by the same weights
+	// (Kubernetes' symmetry), and by 1 for a required affinity term; a
+	// ScheduleAnyway spread constraint is the pod's own and pulls nobody.
+	pod.Spec.Affinity.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution = []v1.PodAffinityTerm{
+		{TopologyKey: "rack", LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}}}}
+	pod.Spec.TopologySpreadConstraints = []v1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: "region", WhenUnsatisfiable: v1.ScheduleAnyway,
+		LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}
+	terms, own = collectTerms([]*v1.Pod{pod}, func(string) map[string]string { return nil })
+	o = own[pod.UID]
+	require.NoError(t, o.err)
+	attracts, prefers := map[string]int64{}, map[string]int64{}
+	for _, p := range o.attracts {
+		attracts[terms.topologies()[p.Term]] = p.Weight
+	}
+	for _, p := range o.prefers {
+		prefers[terms.topologies()[p.Term]] = p.Weight
+	}
+	assert.Equal(t, map[string]int64{"kubernetes.io/hostname": -80, "zone": 30, "rack": 1}, attracts)
+	assert.Equal(t, map[string]int64{"kubernetes.io/hostname": -80, "zone": 30, "region": -scheduleAnywayWeight}, prefers)
+	pod.Spec.Affinity.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution, pod.Spec.TopologySpreadConstraints = nil, nil
 
 	pod.Spec.Affinity.PodAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].PodAffinityTerm.LabelSelector = &metav1.LabelSelector{
 		MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "a", Operator: "Sometimes"}}}

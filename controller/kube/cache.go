@@ -280,7 +280,8 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 				idx.pods[key] = &podRef{pod: pod}
 				continue
 			}
-			cp.Matches, cp.Avoids, cp.Needs, cp.Spread = terms.matches(pod), own.avoids, own.needs, own.spread
+			// Every placed pod pulls on others, whoever scheduled it.
+			cp.Matches, cp.Avoids, cp.Needs, cp.Spread, cp.Attracts = terms.matches(pod), own.avoids, own.needs, own.spread, own.attracts
 			if ours {
 				cp.Prefers = own.prefers
 			}

@@ -544,6 +544,19 @@ func TestConstraints(t *testing.T) {
 		if n := onNode(podSpec{name: "only-plain"}); n != "plain" { // does not tolerate dedicated's NoSchedule taint
 			t.Fatalf("only-plain on %s", n)
 		}
+		// Symmetry, as kube-scheduler: a placed pod's preferred
+		// anti-affinity pushes away the pods it selects, though they
+		// carry no terms themselves.
+		x := onNode(podSpec{name: "sym-control", tolerate: "dedicated", tolerateSoft: "busy"}) // where bin-packing puts such a pod
+		repel := &v1.Affinity{PodAntiAffinity: &v1.PodAntiAffinity{PreferredDuringSchedulingIgnoredDuringExecution: []v1.WeightedPodAffinityTerm{{
+			Weight: 50, PodAffinityTerm: v1.PodAffinityTerm{TopologyKey: "kubernetes.io/hostname", LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "shy"}}},
+		}}}}
+		if n := onNode(podSpec{name: "sym-repeller", tolerate: "dedicated", tolerateSoft: "busy", nodeSelector: map[string]string{"kubernetes.io/hostname": x}, affinity: repel}); n != x {
+			t.Fatalf("sym-repeller on %s, not %s", n, x)
+		}
+		if n := onNode(podSpec{name: "sym-shy", tolerate: "dedicated", tolerateSoft: "busy", labels: map[string]string{"app": "shy"}}); n == x {
+			t.Fatalf("sym-shy on %s, beside a pod whose preferred anti-affinity selects it", n)
+		}
 	})
 	e.checkNoDoubleAllocation()
 }
