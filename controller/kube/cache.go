@@ -615,10 +615,13 @@ func (s *Scheduler) namespaceLabels(name string) map[string]string {
 }
 
 // considered says whether a pod goes into the snapshot: not finished, and
-// either bound somewhere or ours and waiting.
+// either bound somewhere or ours and waiting. A pod with scheduling gates
+// waits for whoever set them (Kueue, for one) and is not ours to place yet:
+// the API server marks it SchedulingGated and would refuse its binding, so
+// allocating its claims would only hold devices for nothing.
 func considered(pod *v1.Pod) bool {
 	if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
 		return false
 	}
-	return pod.Spec.NodeName != "" || pod.Spec.SchedulerName == SchedulerName && pod.DeletionTimestamp == nil
+	return pod.Spec.NodeName != "" || pod.Spec.SchedulerName == SchedulerName && pod.DeletionTimestamp == nil && len(pod.Spec.SchedulingGates) == 0
 }

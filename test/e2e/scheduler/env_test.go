@@ -194,6 +194,7 @@ type podSpec struct {
 	affinity            *v1.Affinity
 	nodeSelector        map[string]string
 	spread              []v1.TopologySpreadConstraint
+	gates               []string // scheduling gates
 }
 
 func (e *env) createPod(p podSpec) *v1.Pod {
@@ -229,6 +230,9 @@ func (e *env) createPod(p podSpec) *v1.Pod {
 	pod.Spec.Affinity = p.affinity
 	pod.Spec.NodeSelector = p.nodeSelector
 	pod.Spec.TopologySpreadConstraints = p.spread
+	for _, g := range p.gates {
+		pod.Spec.SchedulingGates = append(pod.Spec.SchedulingGates, v1.PodSchedulingGate{Name: g})
+	}
 	if p.pvc != "" {
 		pod.Spec.Volumes = []v1.Volume{{Name: "data", VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: p.pvc}}}}
 	}

@@ -585,6 +585,41 @@ func (e *env) waitApart(names []string, want string) {
 	})
 }
 
+// TestSchedulingGates: a pod with scheduling gates (Kueue's way of holding
+// a workload back) is left alone — no claim allocated, no bind — while a
+// later pod is placed; once its gates are gone it is placed like any other.
+func TestSchedulingGates(t *testing.T) {
+	e := newEnv(t)
+	e.addGPUNode("box", "l4-2")
+	e.startScheduler(core.Config{})
+	e.createPod(podSpec{name: "gated", claim: &gpuClaim{}, gates: []string{"example.com/admission"}})
+	e.createPod(podSpec{name: "after", claim: &gpuClaim{}})
+	e.waitBound("after")
+	// A few more cycles for a scheduler that would (wrongly) take it.
+	time.Sleep(3 * time.Second)
+	if n := e.pod("gated").Spec.NodeName; n != "" {
+		t.Fatalf("the gated pod was bound to %s", n)
+	}
+	claims, err := e.client.ResourceV1().ResourceClaims(e.ns).List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range claims.Items {
+		for _, o := range c.OwnerReferences {
+			if o.Name == "gated" && c.Status.Allocation != nil {
+				t.Fatalf("claim %s of the gated pod was allocated: %+v", c.Name, c.Status.Allocation.Devices.Results)
+			}
+		}
+	}
+	pod := e.pod("gated")
+	pod.Spec.SchedulingGates = nil
+	if _, err := e.client.CoreV1().Pods(e.ns).Update(e.ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitBound("gated")
+	e.checkNoDoubleAllocation()
+}
+
 // TestOtherDriverClaims: a pod that asks for a GPU and for a device of
 // another driver gets both, on the one node that has that device (it sorts
 // last, so bin-packing by name alone would pick the other), through the
