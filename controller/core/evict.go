@@ -178,10 +178,11 @@ func (s *session) placeJobEvicting(j *jobState, pol *evictPolicy, after func(cp 
 	return true
 }
 
-// pendingJobs picks jobs with pods still waiting that policy gates allow.
+// pendingNeed gives the evicting actions the next request of each job still
+// waiting that may evict to run (not Job.NeverEvicts).
 func (s *session) pendingNeed(tried map[*jobState]bool) func(j *jobState) (Resources, bool) {
 	return func(j *jobState) (Resources, bool) {
-		if tried[j] {
+		if tried[j] || j.neverEvicts {
 			return Resources{}, false
 		}
 		c := s.candidates(j)

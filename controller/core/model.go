@@ -141,6 +141,10 @@ type Job struct {
 	// Preemptible jobs may run over quota and may be reclaimed or preempted;
 	// non-preemptible ones are kept within quota.
 	Preemptible bool
+	// NeverEvicts jobs wait for free capacity: no pod is reclaimed,
+	// preempted or moved to make room for them (Kubernetes'
+	// preemptionPolicy: Never). They are still ordered by priority.
+	NeverEvicts bool
 	// MinMember pods are placed all-or-nothing; 0 means all of Pods.
 	MinMember int
 	// CreatedAt orders jobs of equal priority (older first) and victims (newer

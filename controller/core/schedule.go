@@ -92,6 +92,9 @@ func (s *session) result(res *Result) {
 				if why == "" {
 					why = "not reached in this cycle"
 				}
+				if j.neverEvicts {
+					why += "; it evicts no pod to run (preemptionPolicy Never)"
+				}
 				res.Pending = append(res.Pending, PendingPod{Pod: p.name, Job: j.name, Reason: why})
 			}
 		}

@@ -102,6 +102,7 @@ type jobState struct {
 	queue       *queueState
 	priority    int32
 	preemptible bool
+	neverEvicts bool // Job.NeverEvicts
 	minMember   int
 	created     time.Time
 	belowSince  time.Time
@@ -508,7 +509,7 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 		if len(q.children) > 0 {
 			return nil, fmt.Errorf("job %q: queue %q is a parent queue; jobs belong in leaf queues", j.Name, j.Queue)
 		}
-		js := &jobState{name: j.Name, queue: q, priority: j.Priority, preemptible: j.Preemptible, minMember: j.MinMember, created: j.CreatedAt, belowSince: j.BelowMinMemberSince}
+		js := &jobState{name: j.Name, queue: q, priority: j.Priority, preemptible: j.Preemptible, neverEvicts: j.NeverEvicts, minMember: j.MinMember, created: j.CreatedAt, belowSince: j.BelowMinMemberSince}
 		if js.minMember <= 0 || js.minMember > len(j.Pods) {
 			js.minMember = max(len(j.Pods), 1)
 		}

@@ -410,7 +410,9 @@ func (s *Scheduler) jobFor(pod *v1.Pod, ours bool, leaf func(string) (bool, stri
 	if pod.Spec.Priority != nil {
 		prio = *pod.Spec.Priority
 	}
-	job := &core.Job{Name: key, Queue: queue, Priority: prio, CreatedAt: pod.CreationTimestamp.Time}
+	job := &core.Job{Name: key, Queue: queue, Priority: prio, CreatedAt: pod.CreationTimestamp.Time,
+		// Admission copies the PriorityClass's preemptionPolicy to the pod.
+		NeverEvicts: pod.Spec.PreemptionPolicy != nil && *pod.Spec.PreemptionPolicy == v1.PreemptNever}
 	if name := pod.Annotations[AnnotationPodGroup]; name != "" {
 		pg := s.getPodGroup(pod.Namespace, name)
 		if pg == nil {
@@ -429,6 +431,7 @@ func (s *Scheduler) jobFor(pod *v1.Pod, ours bool, leaf func(string) (bool, stri
 				return "", nil, fmt.Sprintf("PodGroup %s/%s: PriorityClass %s not found", pod.Namespace, name, pg.Spec.PriorityClassName)
 			}
 			job.Priority = pc.Value
+			job.NeverEvicts = pc.PreemptionPolicy != nil && *pc.PreemptionPolicy == v1.PreemptNever
 		}
 	}
 	if ok, why := leaf(queue); !ok {

@@ -56,13 +56,16 @@ type fileResource struct {
 }
 
 type fileJob struct {
-	Name        string    `json:"name"`
-	Queue       string    `json:"queue"`
-	Priority    *int      `json:"priority"`
-	Preemptible *bool     `json:"preemptible"`
-	MinMember   *int      `json:"minMember"`
-	CreatedAt   *Quantity `json:"createdAt"`
-	Pods        []filePod `json:"pods"`
+	Name        string `json:"name"`
+	Queue       string `json:"queue"`
+	Priority    *int   `json:"priority"`
+	Preemptible *bool  `json:"preemptible"`
+	// PreemptionPolicy is an extension of SCENARIOS.md: Kubernetes'
+	// PreemptLowerPriority (default) or Never.
+	PreemptionPolicy string    `json:"preemptionPolicy"`
+	MinMember        *int      `json:"minMember"`
+	CreatedAt        *Quantity `json:"createdAt"`
+	Pods             []filePod `json:"pods"`
 }
 
 type filePod struct {

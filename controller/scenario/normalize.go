@@ -328,6 +328,13 @@ func normalizeJobs(in []fileJob, queues []Queue, nodes []Node) ([]Job, error) {
 		if fj.Preemptible != nil {
 			j.Preemptible = *fj.Preemptible
 		}
+		switch fj.PreemptionPolicy {
+		case "", "PreemptLowerPriority":
+		case "Never":
+			j.NeverEvicts = true
+		default:
+			return nil, ferr(p+".preemptionPolicy", "%q is not PreemptLowerPriority or Never", fj.PreemptionPolicy)
+		}
 		if fj.CreatedAt != nil {
 			v, err := parseDecimal(fj.CreatedAt.raw)
 			if err != nil || !v.IsInt() || v.Sign() < 0 || !v.Num().IsInt64() {

@@ -175,7 +175,7 @@ func (r *runner) snapshot(now time.Time) *core.Snapshot {
 	s := &core.Snapshot{Now: now, Nodes: r.nodes, Queues: r.queues}
 	for ji := range r.spec.Jobs {
 		j := &r.spec.Jobs[ji]
-		cj := core.Job{Name: j.Name, Queue: j.Queue, Priority: int32(j.Priority), Preemptible: j.Preemptible,
+		cj := core.Job{Name: j.Name, Queue: j.Queue, Priority: int32(j.Priority), Preemptible: j.Preemptible, NeverEvicts: j.NeverEvicts,
 			MinMember: j.MinMember, CreatedAt: simEpoch.Add(time.Duration(j.CreatedAt) * time.Second), BelowMinMemberSince: r.since[j.Name]}
 		for pi := range j.Pods {
 			sp := r.byName[j.Pods[pi].Name]

@@ -65,6 +65,7 @@ type Job struct {
 	Queue       string
 	Priority    int
 	Preemptible bool
+	NeverEvicts bool // preemptionPolicy: Never
 	MinMember   int
 	CreatedAt   int64 // seconds
 	Pods        []Pod

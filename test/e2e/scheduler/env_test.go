@@ -67,6 +67,10 @@ func newEnv(t *testing.T) *env {
 			t.Fatal(err)
 		}
 	}
+	never := v1.PreemptNever
+	if _, err := e.client.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "build-no-preempt"}, Value: 100, PreemptionPolicy: &never}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	cp.StartKwok(t)
 	e.ns = cp.CreateNamespace(t, "work").Name
 	return e

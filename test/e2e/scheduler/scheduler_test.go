@@ -228,6 +228,23 @@ func TestReclaimAndPreempt(t *testing.T) {
 		})
 	})
 
+	t.Run("preemptionPolicy Never waits", func(t *testing.T) {
+		e.createPod(podSpec{name: "b-patient", queue: "team-b", priority: "build-no-preempt", claim: &gpuClaim{count: 2}})
+		e.eventually("b-patient pending with its reason", 20*time.Second, func() (bool, string) {
+			why := pendingReason(e.pod("b-patient"))
+			return contains(why, "it evicts no pod to run (preemptionPolicy Never)"), why
+		})
+		time.Sleep(2 * time.Second) // more cycles
+		for i := 0; i < 4; i++ {
+			if p := e.pod(fmt.Sprintf("b-%d", i)); p == nil || p.DeletionTimestamp != nil {
+				t.Fatalf("b-%d evicted for a pod whose preemptionPolicy is Never", i)
+			}
+		}
+		if err := e.client.CoreV1().Pods(e.ns).Delete(e.ctx, "b-patient", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("preempt inside a queue", func(t *testing.T) {
 		e.createPod(podSpec{name: "b-urgent", queue: "team-b", priority: "tessera-build", claim: &gpuClaim{count: 2}})
 		e.waitBound("b-urgent")
