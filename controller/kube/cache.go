@@ -272,7 +272,7 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 			idx.pods[key] = &podRef{pod: pod}
 			continue
 		}
-		cp := core.Pod{Name: key, Request: e.req, NodeSelector: pod.Spec.NodeSelector, Phase: core.PodPending}
+		cp := core.Pod{Name: key, Request: s.withCSIVolumes(pod, e.req), NodeSelector: pod.Spec.NodeSelector, Phase: core.PodPending}
 		if snap.PodTerms != nil {
 			own := termsOf[pod.UID]
 			if own.err != nil && !bound {
@@ -357,6 +357,7 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 	// the allocator refuses.
 	s.addUnattributedClaims(idx, attributed, poolNode, jobs, &jobOrder)
 	addHostPorts(snap, jobs)
+	s.addAttachLimits(snap, jobs)
 	for _, name := range jobOrder {
 		j := jobs[name]
 		if since, ok := s.belowSince[name]; ok {

@@ -82,6 +82,7 @@ type Scheduler struct {
 	pvLister           corelisters.PersistentVolumeLister
 	pvIndexer          cache.Indexer // by storage class (pvClassIndex)
 	storageClassLister storagelisters.StorageClassLister
+	csiNodeLister      storagelisters.CSINodeLister
 	// Namespaces, for pod affinity terms with a namespaceSelector.
 	namespaceLister corelisters.NamespaceLister
 	sliceIndexer    cache.Indexer
@@ -159,6 +160,7 @@ func New(opts Options) (*Scheduler, error) {
 	s.pvcLister = s.factory.Core().V1().PersistentVolumeClaims().Lister()
 	s.pvLister = s.factory.Core().V1().PersistentVolumes().Lister()
 	s.storageClassLister = s.factory.Storage().V1().StorageClasses().Lister()
+	s.csiNodeLister = s.factory.Storage().V1().CSINodes().Lister()
 	s.namespaceLister = s.factory.Core().V1().Namespaces().Lister()
 	sliceInformer := s.factory.Resource().V1().ResourceSlices().Informer()
 	// Slices by node, so a commit reads one node's slices, not the cluster's.
@@ -224,6 +226,7 @@ func New(opts Options) (*Scheduler, error) {
 		s.factory.Core().V1().PersistentVolumeClaims().Informer(),
 		s.factory.Core().V1().PersistentVolumes().Informer(),
 		s.factory.Storage().V1().StorageClasses().Informer(),
+		s.factory.Storage().V1().CSINodes().Informer(),
 		s.factory.Core().V1().Namespaces().Informer(),
 		s.queueInformer, s.groupInformer,
 	} {

@@ -198,5 +198,48 @@ func TestVolumes(t *testing.T) {
 			t.Fatalf("unbound bound to %s, its claim still unbound", n)
 		}
 	})
+
+	t.Run("CSI attach limits", func(t *testing.T) {
+		const driver = "csi.example.com"
+		if _, err := e.client.StorageV1().StorageClasses().Create(e.ctx, &storagev1.StorageClass{
+			ObjectMeta: metav1.ObjectMeta{Name: "csi-disk"}, Provisioner: driver,
+			VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		csiNode := func(node string, count int32) {
+			t.Helper()
+			if _, err := e.client.StorageV1().CSINodes().Create(e.ctx, &storagev1.CSINode{
+				ObjectMeta: metav1.ObjectMeta{Name: node},
+				Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{{Name: driver, NodeID: node,
+					Allocatable: &storagev1.VolumeNodeResources{Count: ptr.To(count)}}}},
+			}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Where bin-packing puts a pod without volumes now: x. x takes no
+		// volume of the driver, the other node one.
+		e.createPod(podSpec{name: "csi-probe"})
+		e.waitBound("csi-probe")
+		x := e.pod("csi-probe").Spec.NodeName
+		y := map[string]string{"vol-a": "vol-b", "vol-b": "vol-a"}[x]
+		csiNode(x, 0)
+		csiNode(y, 1)
+		pvc("disk-1", "csi-disk", "")
+		pvc("disk-2", "csi-disk", "")
+		e.createPod(podSpec{name: "csi-1", pvc: "disk-1"})
+		e.waitBound("csi-1")
+		if n := e.pod("csi-1").Spec.NodeName; n != y {
+			t.Fatalf("csi-1 on %s; %s attaches no volume of %s", n, x, driver)
+		}
+		e.createPod(podSpec{name: "csi-2", pvc: "disk-2"})
+		e.eventually("csi-2 pending with its reason", 30*time.Second, func() (bool, string) {
+			p := e.pod("csi-2")
+			if p.Spec.NodeName != "" {
+				t.Fatalf("csi-2 bound to %s, past its attach limit", p.Spec.NodeName)
+			}
+			return contains(pendingReason(p), "needs 1 CSI volume attachments of "+driver+"; the most free on any node is 0"), pendingReason(p)
+		})
+	})
 	e.checkNoDoubleAllocation()
 }
