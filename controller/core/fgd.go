@@ -104,7 +104,7 @@ func (f *fgdRefiner) load(n *nodeState) *packing.NodeState {
 		case SharingTimeSlice:
 			sh = packing.SharingTimeSlice
 		}
-		ns.GPUs = append(ns.GPUs, packing.GPU{FreeMilli: int(1000 - g.usedMilli), Model: g.model, Sharing: sh})
+		ns.GPUs = append(ns.GPUs, packing.GPU{FreeMilli: int(max(0, 1000-g.usedMilli)), Model: g.model, Sharing: sh})
 	}
 	return ns
 }
@@ -128,7 +128,7 @@ func (f *fgdRefiner) refine(p *podState, pl *plan) float64 {
 		g := &n.gpus[gi]
 		m, mem := fractionOn(&p.req, g)
 		free := g.pods == 0
-		if free == pl.brokeWhole && gpuOK(p, n, g) && g.usedMilli+m <= 1000 && g.usedMem+mem <= g.memory &&
+		if free == pl.brokeWhole && gpuOK(p, n, g) && g.fitsFraction(&p.req, m, mem) &&
 			(free || g.sharing == p.req.Sharing) {
 			pl.gpus[0], pl.milli[0], pl.mem[0] = gi, m, mem
 		}

@@ -363,7 +363,7 @@ func fractionFit(p *podState, n *nodeState) (*plan, failKind, int) {
 			}
 			continue
 		}
-		if g.sharing != r.Sharing || g.usedMilli+milli > 1000 || g.usedMem+mem > g.memory {
+		if g.sharing != r.Sharing || !g.fitsFraction(r, milli, mem) {
 			continue
 		}
 		left := 1000 - g.usedMilli - milli
@@ -387,7 +387,19 @@ func fractionOn(r *Request, g *gpuState) (milli, mem int64) {
 	if r.GPUMilli > 0 {
 		return r.GPUMilli, mulDiv(r.GPUMilli, g.memory, 1000)
 	}
-	return memMilli(r.GPUMemory, g.memory), r.GPUMemory
+	return memMilliOn(g, r.GPUMemory), r.GPUMemory
+}
+
+// memMilliOn is the milli-GPU a memory fraction of mem bytes counts for on
+// g: what it adds to the GPU's memory fractions rounded as a whole, so that
+// the fractions on one GPU add up to their exact share rounded once (three
+// 8Gi pods on a 24Gi GPU count 333 + 334 + 333 = 1000, not 999).
+func memMilliOn(g *gpuState, mem int64) int64 {
+	before, after := memMilli(g.fracMem, g.memory), memMilli(g.fracMem+mem, g.memory)
+	if g.fracMem == 0 {
+		before = 0
+	}
+	return max(1, after-before)
 }
 
 // bestNode returns the best plan for p over all nodes, or nil. For whole

@@ -168,6 +168,7 @@ func (s *session) markPipelined(res *Result, bound []*podState) {
 					g.pods++
 					g.usedMilli += v.origMilli[i]
 					g.usedMem += v.origMem[i]
+					g.addFraction(&v.req, v.origMilli[i], v.origMem[i], 1)
 					g.sharing = v.origShare
 				}
 			}
@@ -209,6 +210,7 @@ func (t *transit) remove(p *podState) {
 		g.pods--
 		g.usedMilli -= p.gpuMilli[i]
 		g.usedMem -= p.gpuMem[i]
+		g.addFraction(&p.req, p.gpuMilli[i], p.gpuMem[i], -1)
 		if g.pods == 0 {
 			g.sharing = ""
 		}
@@ -226,6 +228,7 @@ func (t *transit) add(p *podState) {
 		g.pods++
 		g.usedMilli += p.gpuMilli[i]
 		g.usedMem += p.gpuMem[i]
+		g.addFraction(&p.req, p.gpuMilli[i], p.gpuMem[i], 1)
 		g.sharing = p.sharing
 	}
 }
@@ -246,7 +249,7 @@ func (t *transit) fits(p *podState) bool {
 		if g.pods == 0 {
 			continue
 		}
-		if p.sharing == "" || g.sharing != p.sharing || g.usedMilli+p.gpuMilli[i] > 1000 || g.usedMem+p.gpuMem[i] > g.memory {
+		if p.sharing == "" || g.sharing != p.sharing || !g.fitsFraction(&p.req, p.gpuMilli[i], p.gpuMem[i]) {
 			return false
 		}
 	}

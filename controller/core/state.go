@@ -15,9 +15,41 @@ type gpuState struct {
 	domain    string
 	usedMilli int64
 	usedMem   int64
-	pods      int
+	// fracMilli and fracMem split the fractions on it by how they were
+	// asked: the milli of those given as a share, the bytes of those given
+	// as memory. A memory fraction's milli is rounded; fitsFraction uses
+	// these to decide exactly (three 8Gi pods fill a 24Gi GPU).
+	fracMilli, fracMem int64
+	pods               int
 	// sharing is the mode of the fractions on it; "" when free or exclusive.
 	sharing Sharing
+}
+
+// addFraction counts (sign 1) or uncounts (-1) a fraction of r on g.
+func (g *gpuState) addFraction(r *Request, milli, mem, sign int64) {
+	switch {
+	case r.GPUMemory > 0:
+		g.fracMem += sign * mem
+	case r.GPUMilli > 0:
+		g.fracMilli += sign * milli
+	}
+}
+
+// fitsFraction says whether a fraction of r, taking milli and mem here,
+// fits beside what g holds: its memory, and its share counted exactly
+// (milli asked as such, memory as bytes of the GPU's), so rounding a
+// memory fraction to milli never refuses one that fits.
+func (g *gpuState) fitsFraction(r *Request, milli, mem int64) bool {
+	if g.usedMem+mem > g.memory {
+		return false
+	}
+	fm, fb := g.fracMilli, g.fracMem
+	if r.GPUMemory > 0 {
+		fb += mem
+	} else {
+		fm += milli
+	}
+	return fm*g.memory+fb*1000 <= 1000*g.memory
 }
 
 type nodeState struct {
@@ -290,6 +322,7 @@ func (s *session) place(p *podState, n *nodeState, gpus []int, milli, mem []int6
 		g.pods++
 		g.usedMilli += milli[i]
 		g.usedMem += mem[i]
+		g.addFraction(&p.req, milli[i], mem[i], 1)
 		g.sharing = sh
 		n.freeMilli -= milli[i]
 	}
@@ -339,6 +372,7 @@ func (s *session) unplace(p *podState) {
 		g.pods--
 		g.usedMilli -= p.gpuMilli[i]
 		g.usedMem -= p.gpuMem[i]
+		g.addFraction(&p.req, p.gpuMilli[i], p.gpuMem[i], -1)
 		n.freeMilli += p.gpuMilli[i]
 		if g.pods == 0 {
 			n.freeWhole++
@@ -682,13 +716,16 @@ func (s *session) nodeShape(n *nodeState) int {
 	return id
 }
 
-// memMilli is the milli-GPU a memory fraction takes of a GPU of gpuMem bytes.
+// memMilli is the milli-GPU a memory fraction takes of a GPU of gpuMem
+// bytes, to the nearest milli (at least 1): 20Gi of 24Gi is 833, as a person
+// would write it. Fits are decided exactly (gpuState.fitsFraction), so the
+// rounding only affects what is counted for queues.
 func memMilli(mem, gpuMem int64) int64 {
 	if mem >= gpuMem {
 		return 1000
 	}
 	// mem < gpuMem, so mem*1000 cannot overflow for any real GPU.
-	return max(1, ceilDiv(mem*1000, gpuMem))
+	return min(1000, max(1, (mem*1000+gpuMem/2)/gpuMem))
 }
 
 // resolvePlacement turns a snapshot placement into live positions and
@@ -715,7 +752,7 @@ func (s *session) resolvePlacement(p *podState, in *Placement) (*plan, error) {
 		case p.req.GPUMilli > 0:
 			milli, mem = p.req.GPUMilli, mulDiv(p.req.GPUMilli, g.memory, 1000)
 		case p.req.GPUMemory > 0:
-			milli, mem = memMilli(p.req.GPUMemory, g.memory), p.req.GPUMemory
+			milli, mem = memMilliOn(g, p.req.GPUMemory), p.req.GPUMemory
 		}
 		pl.gpus = append(pl.gpus, pos)
 		pl.milli = append(pl.milli, milli)
