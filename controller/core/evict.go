@@ -367,44 +367,72 @@ func (s *session) consolidate() {
 			return false
 		}
 		defer func() { again = !tried[j] }()
+		// unmovable: pods a failed plan could not re-place; the next try
+		// moves others (the first in victim order is not always movable).
+		unmovable := map[*podState]bool{}
 		pol := &evictPolicy{
 			action: ActionConsolidate,
 			eligible: func(v *podState) bool {
-				return v.job.preemptible && v.job != j && !v.pinned
+				return v.job.preemptible && v.job != j && !v.pinned && !unmovable[v]
+			},
+			// A pod that fits nowhere now, not even beside itself, cannot be
+			// re-placed later either (the plan only takes capacity).
+			rules: func(unit []*podState) bool {
+				for _, u := range unit {
+					if pl, _ := s.findPlace(u); pl == nil {
+						return false
+					}
+				}
+				return true
 			},
 			reason: func(v *podState) string {
 				return fmt.Sprintf("moved to make room for job %s", j.name)
 			},
 		}
-		tried[j] = !s.placeJobEvicting(j, pol, func(cp int) bool {
-			// Re-place every pod this plan moved, biggest first.
-			var moved []*podState
-			for _, o := range s.log[cp:] {
-				if !o.attach {
-					moved = append(moved, o.pod)
-				}
-			}
-			slices.SortStableFunc(moved, func(a, b *podState) int {
-				if a.res[ResGPU] != b.res[ResGPU] {
-					if a.res[ResGPU] > b.res[ResGPU] {
-						return -1
+		for try := 0; try < consolidateTries; try++ {
+			var stuck *podState
+			if s.placeJobEvicting(j, pol, func(cp int) bool {
+				// Re-place every pod this plan moved, biggest first.
+				var moved []*podState
+				for _, o := range s.log[cp:] {
+					if !o.attach {
+						moved = append(moved, o.pod)
 					}
-					return 1
 				}
-				return strings.Compare(a.name, b.name)
-			})
-			for _, v := range moved {
-				pl := s.bestNode(v)
-				if pl == nil {
-					return false
+				slices.SortStableFunc(moved, func(a, b *podState) int {
+					if a.res[ResGPU] != b.res[ResGPU] {
+						if a.res[ResGPU] > b.res[ResGPU] {
+							return -1
+						}
+						return 1
+					}
+					return strings.Compare(a.name, b.name)
+				})
+				for _, v := range moved {
+					pl := s.bestNode(v)
+					if pl == nil {
+						stuck = v
+						return false
+					}
+					s.attach(v, pl, ActionConsolidate, fmt.Sprintf("moved to make room for job %s", j.name))
 				}
-				s.attach(v, pl, ActionConsolidate, fmt.Sprintf("moved to make room for job %s", j.name))
+				return true
+			}) {
+				tried[j] = false
+				return
 			}
-			return true
-		})
+			if stuck == nil {
+				break // no plan at all, not one that could not re-place a pod
+			}
+			unmovable[stuck] = true
+		}
 		return
 	})
 }
+
+// consolidateTries bounds the plans tried for one job in one cycle, each
+// after marking a pod the last could not re-place.
+const consolidateTries = 4
 
 // fitsFree says whether req fits the cluster's total free capacity.
 func (s *session) fitsFree(req Resources) bool {
