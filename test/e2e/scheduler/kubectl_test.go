@@ -39,11 +39,11 @@ func TestKubectlPlugin(t *testing.T) {
 		queues = run("queues")
 		// vision: priority, quota, limit, weight, fair share, allocated
 		// (a whole GPU and two halves), pending (too-big's 2), pods.
-		return hasRow(queues, "└─", "vision", "100", "1", "2", "1", "2", "1.5", "2", "3/1"), queues
+		// research: the sums of its subtree. Each queue's status is its
+		// own write, so wait for both.
+		return hasRow(queues, "└─", "vision", "100", "1", "2", "1", "2", "1.5", "2", "3/1") &&
+			hasRow(queues, "research", "100", "2", "none", "1", "2", "1.5", "2", "3/1"), queues
 	})
-	if !hasRow(queues, "research", "100", "2", "none", "1", "2", "1.5", "2", "3/1") {
-		t.Errorf("research row:\n%s", queues)
-	}
 	if !strings.Contains(queues, `run in queue "default", which has no Queue object`) {
 		t.Errorf("no word on the implicit default queue:\n%s", queues)
 	}
