@@ -180,6 +180,7 @@ const (
 	failGPUCount
 	failNVLink
 	failFraction
+	failQueueRoom // a memory fraction's share where it fits passes its queue's limit or quota
 	failCPU
 	failMemory
 	failOther
@@ -346,6 +347,13 @@ func fractionFit(p *podState, n *nodeState) (*plan, failKind, int) {
 		return c
 	}
 	bestFreeDom := 0
+	// A memory fraction's milli depends on the GPU's size, and the gates
+	// checked the queue's limits and quotas with the largest GPU's (the
+	// least): here the real share must fit what the queues have left.
+	room, capped := int64(-1), false
+	if r.GPUMemory > 0 {
+		room = milliRoom(p)
+	}
 	for i := range n.gpus {
 		g := &n.gpus[i]
 		if !gpuOK(p, n, g) {
@@ -353,6 +361,10 @@ func fractionFit(p *podState, n *nodeState) (*plan, failKind, int) {
 		}
 		milli, mem := fractionOn(r, g)
 		if mem > g.memory {
+			continue
+		}
+		if room >= 0 && milli > room {
+			capped = true
 			continue
 		}
 		if g.pods == 0 {
@@ -375,11 +387,36 @@ func fractionFit(p *podState, n *nodeState) (*plan, failKind, int) {
 	if pick < 0 {
 		pick, broke = bestFree, true
 	}
+	if pick < 0 && capped {
+		return nil, failQueueRoom, 0
+	}
 	if pick < 0 {
 		return nil, failFraction, 0
 	}
 	milli, mem := fractionOn(r, &n.gpus[pick])
 	return &plan{node: n, gpus: []int{pick}, milli: []int64{milli}, mem: []int64{mem}, sharing: r.Sharing, brokeWhole: broke}, fitOK, 0
+}
+
+// milliRoom is how much more GPU, in milli, p's queues let it take: their
+// limits, and for a non-preemptible job their quotas; -1 when nothing caps
+// it.
+func milliRoom(p *podState) int64 {
+	room := int64(-1)
+	take := func(left int64) {
+		if room < 0 || left < room {
+			room = max(0, left)
+		}
+	}
+	j := p.job
+	for q := j.queue; q != nil && q.parent != nil; q = q.parent {
+		if l := q.limit[ResGPU]; l != Unlimited {
+			take(l - q.allocated[ResGPU])
+		}
+		if qu := q.quota[ResGPU]; !j.preemptible && qu != Unlimited {
+			take(qu - q.allocNP[ResGPU])
+		}
+	}
+	return room
 }
 
 // fractionOn is what a fractional request takes of GPU g.
@@ -537,6 +574,8 @@ func (s *session) whyNotCounted(p *podState) (string, map[failKind]int) {
 		return fmt.Sprintf("needs %s; the best node has %d", plural(r.GPUs, "NVLink-connected GPU"), nvBest), counts
 	case counts[failGPUCount] > 0:
 		return fmt.Sprintf("needs %s on one node; the most free on any node is %d", plural(r.GPUs, "free GPU"), maxWhole), counts
+	case counts[failQueueRoom] > 0:
+		return fmt.Sprintf("needs %s of GPU memory; on every GPU with room that share would take its queue past its GPU limit (or, non-preemptible, its quota)", formatBytes(r.GPUMemory)), counts
 	case counts[failFraction] > 0:
 		what := fmt.Sprintf("%s of a GPU", formatMilli(r.GPUMilli))
 		if r.GPUMemory > 0 {

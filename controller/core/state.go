@@ -779,6 +779,10 @@ func shapeKey(p *podState) string {
 		b.WriteString(k + "=" + p.selector[k] + ",")
 	}
 	b.WriteString("|" + strings.Join(p.models, ","))
+	if r.GPUMemory > 0 {
+		// Its fit depends on its queue's room (milliRoom).
+		fmt.Fprintf(&b, "|queue:%s/%v", p.job.queue.name, p.job.preemptible)
+	}
 	if p.feasible != nil {
 		// The hook is the pod's own: it shares a fit with no other pod.
 		b.WriteString("|feasible:" + p.name)
