@@ -574,6 +574,22 @@ func assignRunning(s *Spec) error {
 							picked = append(picked, g)
 						}
 					}
+					if pod.NVLinkReq && want > 1 {
+						// The lowest free GPUs of the first NVLink domain
+						// that has enough of them.
+						byDomain := map[string][]int{}
+						picked = nil
+						for g := 0; g < n.GPUs && picked == nil; g++ {
+							d := n.NVLinkDomain(g)
+							if d == "" || !fits(g) {
+								continue
+							}
+							byDomain[d] = append(byDomain[d], g)
+							if len(byDomain[d]) == want {
+								picked = byDomain[d]
+							}
+						}
+					}
 					if len(picked) < want {
 						return ferr(field, "pod %s does not fit on node %s next to the pods already running there", pod.Name, n.Name)
 					}
