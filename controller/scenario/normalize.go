@@ -507,7 +507,7 @@ func runningGPUs(pod *Pod, list []int, c, count int, field string) ([]int, error
 	case len(list) == per:
 		return nil, nil
 	}
-	return nil, ferr(field, "lists %d GPUs; %d pods × %d GPUs need %d", len(list), count, per, per*count)
+	return nil, ferr(field, "lists %d GPUs; %d pod(s) of %d GPU(s) each need %d", len(list), count, per, per*count)
 }
 
 // assignRunning checks that the pods already running fit where the file puts
@@ -558,7 +558,14 @@ func assignRunning(s *Spec) error {
 					case pod.Fractional() && u[g].sharing != "" && u[g].sharing != pod.Sharing:
 						return fmt.Sprintf("GPU %d of node %s is shared in %s mode (pod %s); pod %s asks for %s", g, n.Name, u[g].sharing, u[g].by, pod.Name, pod.Sharing)
 					case pod.Fractional() && u[g].mem+podMem > n.GPUMemory:
-						return fmt.Sprintf("GPU %d of node %s has %s of memory left; pod %s asks for %s", g, n.Name, formatBytes(n.GPUMemory-u[g].mem), pod.Name, formatBytes(podMem))
+						if podMem > n.GPUMemory {
+							return fmt.Sprintf("pod %s asks for %s of GPU memory; the GPUs of node %s have %s", pod.Name, formatBytes(podMem), n.Name, formatBytes(n.GPUMemory))
+						}
+						left := "no memory"
+						if n.GPUMemory > u[g].mem {
+							left = formatBytes(n.GPUMemory-u[g].mem) + " of memory"
+						}
+						return fmt.Sprintf("GPU %d of node %s has %s left; pod %s asks for %s", g, n.Name, left, pod.Name, formatBytes(podMem))
 					}
 					return ""
 				}
@@ -591,6 +598,9 @@ func assignRunning(s *Spec) error {
 						}
 					}
 					if len(picked) < want {
+						if pod.Fractional() && podMem > n.GPUMemory {
+							return ferr(field, "%s", conflict(0))
+						}
 						return ferr(field, "pod %s does not fit on node %s next to the pods already running there", pod.Name, n.Name)
 					}
 					pod.Running.GPUs = picked
