@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -15,16 +16,17 @@ func (s *session) candidates(j *jobState) []*podState {
 			out = append(out, p)
 		}
 	}
-	slices.SortStableFunc(out, func(a, b *podState) int {
-		if a.res[ResGPU] != b.res[ResGPU] {
-			if a.res[ResGPU] > b.res[ResGPU] {
-				return -1
-			}
-			return 1
-		}
-		return strings.Compare(a.name, b.name)
-	})
+	slices.SortStableFunc(out, biggestGPUFirst)
 	return out
+}
+
+// biggestGPUFirst orders pods by GPU request, biggest first, then by name:
+// the order in which pods are placed when several must fit together.
+func biggestGPUFirst(a, b *podState) int {
+	if c := cmp.Compare(b.res[ResGPU], a.res[ResGPU]); c != 0 {
+		return c
+	}
+	return strings.Compare(a.name, b.name)
 }
 
 // needed is how many pods the job must place now: the rest of its gang

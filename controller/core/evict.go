@@ -399,15 +399,7 @@ func (s *session) consolidate() {
 						moved = append(moved, o.pod)
 					}
 				}
-				slices.SortStableFunc(moved, func(a, b *podState) int {
-					if a.res[ResGPU] != b.res[ResGPU] {
-						if a.res[ResGPU] > b.res[ResGPU] {
-							return -1
-						}
-						return 1
-					}
-					return strings.Compare(a.name, b.name)
-				})
+				slices.SortStableFunc(moved, biggestGPUFirst)
 				for _, v := range moved {
 					pl := s.bestNode(v)
 					if pl == nil {
