@@ -212,7 +212,8 @@ func (s *session) reclaim() {
 		if !fitsShare(R, req, contested) && !fitsQuota(R, req, contested) {
 			c := s.candidates(j)
 			for _, p := range c {
-				if p.reason != "" && !strings.Contains(p.reason, "cannot reclaim") {
+				// Worth saying only when another queue holds something.
+				if p.reason != "" && !strings.Contains(p.reason, "cannot reclaim") && s.othersHold(R, contested) {
 					p.reason += fmt.Sprintf("; cannot reclaim: queue %s would exceed its fair share of %s", R.name, formatAmount(contested[0], R.fairShare[contested[0]]))
 				}
 			}
@@ -247,6 +248,22 @@ func (s *session) reclaim() {
 		}
 		return true // next pod of the job, if any
 	})
+}
+
+// othersHold says whether any queue but R has some of the resources
+// allocated: only then could reclaim take any.
+func (s *session) othersHold(R *queueState, rs []Resource) bool {
+	for _, r := range rs {
+		// The root's children together hold everything allocated.
+		var total int64
+		for _, q := range s.root.children {
+			total += q.allocated[r]
+		}
+		if total > R.allocated[r] {
+			return true
+		}
+	}
+	return false
 }
 
 func contestedResources(req Resources) []Resource {

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -90,5 +91,36 @@ func TestQueueStatusParentSumsPending(t *testing.T) {
 	}
 	if res.Queues["org"].Allocated[ResGPU] != res.Queues["x"].Allocated[ResGPU]+res.Queues["y"].Allocated[ResGPU] {
 		t.Errorf("org allocated %v", res.Queues["org"].Allocated)
+	}
+}
+
+// "cannot reclaim" is added to a pending pod's reason only when another
+// queue holds something reclaim could take.
+func TestCannotReclaimOnlyWhenOthersHold(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		others bool
+	}{{"alone in the cluster", false}, {"another queue holds GPUs", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			snap := &Snapshot{Nodes: []Node{node("a", 2)}, Queues: []Queue{queue("x", "", 0, -1, 1), queue("y", "", 0, -1, 1)}}
+			mine := running(job("mine", "x", 50, 2, 1, 0), 0, "a", 0)
+			mine.MinMember = 1
+			big := job("big", "x", 50, 1, 2, 1)
+			snap.Jobs = []Job{mine, big}
+			if tc.others {
+				snap.Jobs = append(snap.Jobs, running(job("theirs", "y", 50, 1, 1, 0), 0, "a", 1))
+				snap.Jobs[0].Pods = snap.Jobs[0].Pods[:1]
+			}
+			res := mustSchedule(t, snap, Config{DisableConsolidation: true})
+			var why string
+			for _, p := range res.Pending {
+				if p.Pod == "big-0" {
+					why = p.Reason
+				}
+			}
+			if got := strings.Contains(why, "cannot reclaim"); got != tc.others {
+				t.Errorf("reason %q: says cannot reclaim %v, want %v", why, got, tc.others)
+			}
+		})
 	}
 }
