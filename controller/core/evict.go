@@ -91,7 +91,7 @@ func (s *session) tryNode(p *podState, n *nodeState, pol *evictPolicy) (*plan, i
 			count++
 			s.detach(u, pol.action, pol.reason(u))
 		}
-		if pl, why, _ := fitOnNode(p, n); why == fitOK {
+		if pl, why, _ := fitOnNode(p, n); why == fitOK && s.withinLimitsWith(p) {
 			return pl, maxRank, count
 		}
 	}
@@ -103,7 +103,7 @@ func (s *session) tryNode(p *podState, n *nodeState, pol *evictPolicy) (*plan, i
 // best scored). It searches nodes in the order of their first eligible
 // victim and stops when no unseen node can beat the best found.
 func (s *session) placeEvicting(p *podState, pol *evictPolicy) bool {
-	if pl, _ := s.findPlace(p); pl != nil {
+	if pl, _ := s.findPlace(p); pl != nil && s.withinLimitsWith(p) {
 		s.attach(p, pl, pol.action, "")
 		return true
 	}
@@ -202,7 +202,9 @@ func (s *session) reclaim() {
 	need := s.pendingNeed(tried)
 	s.runOrdered(func(*jobState) bool { return true }, need, func(j *jobState) bool {
 		req, _ := need(j)
-		if s.gates(j, req, true) != "" {
+		// Limits are not checked up front: victims under the same limited
+		// queue make room under it (placeEvicting checks as it goes).
+		if s.gates(j, req, false) != "" || !s.limitsRelievable(j, req, false) {
 			tried[j] = true
 			return false
 		}
@@ -338,7 +340,7 @@ func (s *session) preempt() {
 	s.runOrdered(func(*jobState) bool { return true }, need, func(j *jobState) (again bool) {
 		req, _ := need(j)
 		tried[j] = true
-		if s.gates(j, req, false) != "" {
+		if s.gates(j, req, false) != "" || !s.limitsRelievable(j, req, true) {
 			return false
 		}
 		defer func() { again = !tried[j] }()
@@ -358,6 +360,48 @@ func (s *session) preempt() {
 		})
 		return
 	})
+}
+
+// limitsRelievable says whether evictions could bring j's queues within
+// their limits with req added: under each queue that req would take past its
+// limit, the victims the action may take (j's own leaf queue for preempt,
+// the others for reclaim) must hold at least the excess. It spares the
+// eviction search when they cannot.
+func (s *session) limitsRelievable(j *jobState, req Resources, ownQueue bool) bool {
+	R := j.queue
+	for q := R; q != s.root; q = q.parent {
+		for r := range req {
+			if req[r] == 0 || q.limit[r] == Unlimited {
+				continue
+			}
+			over := q.allocated[r] + req[r] - q.limit[r]
+			if over <= 0 {
+				continue
+			}
+			avail := q.allocated[r] - R.allocated[r]
+			if ownQueue {
+				avail = R.allocated[r]
+			}
+			if avail < over {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// withinLimitsWith says whether p's queues stay within their limits with p
+// added: free capacity does not help a queue at its limit, evicting its own
+// pods does.
+func (s *session) withinLimitsWith(p *podState) bool {
+	for q := p.job.queue; q != s.root; q = q.parent {
+		for r := range p.res {
+			if p.res[r] > 0 && q.limit[r] != Unlimited && q.allocated[r]+p.res[r] > q.limit[r] {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func withinLimits(s *session, q *queueState, req Resources) bool {
