@@ -26,7 +26,9 @@ func (s *session) buildVictimOrder() {
 		if c := jb.created.Compare(ja.created); c != 0 {
 			return c
 		}
-		if c := strings.Compare(ja.name, jb.name); c != 0 {
+		// Jobs of one age: the one job order takes as newer (later by name)
+		// is the victim first, so the two orders never disagree.
+		if c := strings.Compare(jb.name, ja.name); c != 0 {
 			return c
 		}
 		return strings.Compare(b.name, a.name)

@@ -176,7 +176,11 @@ func (r *runner) snapshot(now time.Time) *core.Snapshot {
 	for ji := range r.spec.Jobs {
 		j := &r.spec.Jobs[ji]
 		cj := core.Job{Name: j.Name, Queue: j.Queue, Priority: int32(j.Priority), Preemptible: j.Preemptible, NeverEvicts: j.NeverEvicts,
-			MinMember: j.MinMember, CreatedAt: simEpoch.Add(time.Duration(j.CreatedAt) * time.Second), BelowMinMemberSince: r.since[j.Name]}
+			MinMember: j.MinMember, BelowMinMemberSince: r.since[j.Name],
+			// Jobs created in the same second are older in file order
+			// (SCENARIOS.md: createdAt, default file order): a nanosecond
+			// per position breaks the tie without moving any second.
+			CreatedAt: simEpoch.Add(time.Duration(j.CreatedAt)*time.Second + time.Duration(ji))}
 		for pi := range j.Pods {
 			sp := r.byName[j.Pods[pi].Name]
 			cp := core.Pod{Name: sp.spec.Name, Request: request(sp.spec)}
