@@ -66,7 +66,29 @@ func (s *session) scorePlan(p *podState, pl *plan) int64 {
 	for _, m := range pl.milli {
 		used += m
 	}
-	return s.key(p, pl.node, used, pl.brokeWhole)
+	k := s.key(p, pl.node, used, pl.brokeWhole)
+	if len(pl.gpus) > 1 && oneDomain(pl) {
+		// DESIGN.md: a multi-GPU pod prefers GPUs of one NVLink domain —
+		// across nodes too, ahead of packing (a node's packing score is
+		// far below this).
+		k += nvlinkBonus
+	}
+	return k
+}
+
+// nvlinkBonus lifts a plan whose GPUs share one NVLink domain above any
+// packing score (a count of milli-GPU on one node).
+const nvlinkBonus = 1 << 24
+
+// oneDomain says whether the plan's GPUs are all in one NVLink domain.
+func oneDomain(pl *plan) bool {
+	d := pl.node.gpus[pl.gpus[0]].domain
+	for _, g := range pl.gpus[1:] {
+		if pl.node.gpus[g].domain != d {
+			return false
+		}
+	}
+	return true
 }
 
 // key is the primary key of placing p on n: the pod's preferences
@@ -444,7 +466,7 @@ func memMilliOn(g *gpuState, mem int64) int64 {
 // chosen; the scan itself allocates nothing.
 func (s *session) bestNode(p *podState) *plan {
 	r := &p.req
-	if r.IsFraction() || (r.GPUs > 1 && r.NVLink == NVLinkRequired) || len(p.models) > 0 || p.feasible != nil || p.matches != nil || p.avoids != nil || p.needs != nil || p.spread != nil || s.hasPreferences(p) {
+	if r.IsFraction() || r.GPUs > 1 || len(p.models) > 0 || p.feasible != nil || p.matches != nil || p.avoids != nil || p.needs != nil || p.spread != nil || s.hasPreferences(p) {
 		return s.bestNodeSlow(p)
 	}
 	used := int64(r.GPUs) * 1000
