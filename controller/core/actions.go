@@ -166,22 +166,30 @@ func (s *session) allocate() {
 		return c[0].res, true
 	}
 	s.runOrdered(func(j *jobState) bool { return true }, extraNeed, func(j *jobState) bool {
+		// The biggest first; when it does not fit, a smaller one may.
 		c := s.candidates(j)
-		p := c[0]
-		if why := s.gates(j, p.res, true); why != "" {
-			setReason(c, why)
-			j.gated = true
-			done[j] = true
-			return false
+		firstWhy, gated := "", false
+		for _, p := range c {
+			if why := s.gates(j, p.res, true); why != "" {
+				if firstWhy == "" {
+					firstWhy, gated = why, true
+				}
+				continue
+			}
+			pl, why := s.findPlace(p)
+			if pl == nil {
+				if firstWhy == "" {
+					firstWhy = why
+				}
+				continue
+			}
+			s.attach(p, pl, ActionAllocate, "")
+			return true
 		}
-		pl, why := s.findPlace(p)
-		if pl == nil {
-			setReason(c, why)
-			done[j] = true
-			return false
-		}
-		s.attach(p, pl, ActionAllocate, "")
-		return true
+		setReason(c, firstWhy)
+		j.gated = j.gated || gated
+		done[j] = true
+		return false
 	})
 	// Jobs that cannot reach minMember with the pods they have.
 	for _, j := range s.jobs {
@@ -189,6 +197,32 @@ func (s *session) allocate() {
 			setReason(c, fmt.Sprintf("gang %s needs %s; only %d exist", j.name, plural(j.minMember, "pod"), j.placed+len(c)))
 		}
 	}
+}
+
+// placeSmallestSet is allocateJob's second try when a gang has more pods
+// than it needs: the n smallest (biggest of them placed first), since a set
+// with the big pods may not fit where one of small pods does (two halves
+// share a GPU the whole pod would take). All or nothing.
+func (s *session) placeSmallestSet(c []*podState, n int, a Action) bool {
+	set := slices.Clone(c)
+	slices.SortStableFunc(set, func(x, y *podState) int {
+		if c := cmp.Compare(x.res[ResGPU], y.res[ResGPU]); c != 0 {
+			return c
+		}
+		return strings.Compare(x.name, y.name)
+	})
+	set = set[:n]
+	slices.SortStableFunc(set, biggestGPUFirst)
+	cp := s.checkpoint()
+	for _, p := range set {
+		pl, _ := s.findPlace(p)
+		if pl == nil {
+			s.rollback(cp)
+			return false
+		}
+		s.attach(p, pl, a, "")
+	}
+	return true
 }
 
 // allocateJob places the job's missing gang members on free capacity, all
@@ -224,6 +258,9 @@ func (s *session) allocateJob(j *jobState, a Action) bool {
 		return true
 	}
 	s.rollback(cp)
+	if n > 1 && len(c) > n && s.placeSmallestSet(c, n, a) {
+		return true
+	}
 	if n > 1 || j.minMember > 1 {
 		firstWhy = fmt.Sprintf("gang %s needs %s; only %d fit (%s)", j.name, plural(j.minMember, "pod"), j.placed+placed, firstWhy)
 	}
