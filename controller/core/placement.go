@@ -419,6 +419,27 @@ func fractionFit(p *podState, n *nodeState) (*plan, failKind, int) {
 	return &plan{node: n, gpus: []int{pick}, milli: []int64{milli}, mem: []int64{mem}, sharing: r.Sharing, brokeWhole: broke}, fitOK, 0
 }
 
+// modeBlocks says whether some GPU p may use would hold it but for the
+// other sharing mode of the fractions already there (for the reason).
+func (s *session) modeBlocks(p *podState) bool {
+	r := &p.req
+	for _, n := range s.nodes {
+		if n.unschedulable {
+			continue
+		}
+		for i := range n.gpus {
+			g := &n.gpus[i]
+			if g.pods == 0 || g.sharing == r.Sharing || !gpuOK(p, n, g) {
+				continue
+			}
+			if milli, mem := fractionOn(r, g); g.fitsFraction(r, milli, mem) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // milliRoom is how much more GPU, in milli, p's queues let it take: their
 // limits, and for a non-preemptible job their quotas; -1 when nothing caps
 // it.
@@ -603,7 +624,10 @@ func (s *session) whyNotCounted(p *podState) (string, map[failKind]int) {
 		if r.GPUMemory > 0 {
 			what = formatBytes(r.GPUMemory) + " of GPU memory"
 		}
-		return fmt.Sprintf("needs %s (%s); no GPU has that much free without mixing sharing modes", what, r.Sharing), counts
+		if s.modeBlocks(p) {
+			return fmt.Sprintf("needs %s (%s); no GPU has that much free without mixing sharing modes", what, r.Sharing), counts
+		}
+		return fmt.Sprintf("needs %s (%s); no GPU it may use has that much free", what, r.Sharing), counts
 	case counts[failCPU] > 0:
 		return fmt.Sprintf("needs %s; the most free on any node is %s", formatAmount(ResCPU, r.CPU), formatAmount(ResCPU, maxFreeCPU)), counts
 	case counts[failMemory] > 0:
