@@ -4,7 +4,6 @@ import (
 	"sort"
 
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/component-helpers/storage/ephemeral"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 
 	"github.com/tessera-gpu/tessera/controller/core"
@@ -42,16 +41,12 @@ func (s *Scheduler) csiVolumes(pod *v1.Pod) map[string]int64 {
 	}
 	for i := range pod.Spec.Volumes {
 		vol := &pod.Spec.Volumes[i]
-		var claim string
-		switch {
-		case vol.CSI != nil:
+		if vol.CSI != nil {
 			add(vol.CSI.Driver)
 			continue
-		case vol.PersistentVolumeClaim != nil:
-			claim = vol.PersistentVolumeClaim.ClaimName
-		case vol.Ephemeral != nil:
-			claim = ephemeral.VolumeClaimName(pod, vol)
-		default:
+		}
+		claim := claimName(pod, vol)
+		if claim == "" {
 			continue
 		}
 		pvc, err := s.pvcLister.PersistentVolumeClaims(pod.Namespace).Get(claim)

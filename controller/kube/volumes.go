@@ -100,18 +100,26 @@ func (v *podVolumes) match(n *v1.Node, taken map[string]bool) ([]volumeChoice, b
 	return out, true
 }
 
+// claimName is the PersistentVolumeClaim behind a pod volume: its own, or
+// the one the ephemeral-volume controller makes for a generic ephemeral
+// volume; "" for other volumes.
+func claimName(pod *v1.Pod, vol *v1.Volume) string {
+	switch {
+	case vol.PersistentVolumeClaim != nil:
+		return vol.PersistentVolumeClaim.ClaimName
+	case vol.Ephemeral != nil:
+		return ephemeral.VolumeClaimName(pod, vol)
+	}
+	return ""
+}
+
 // volumesOf reads the pod's claims. An error says why the pod must wait.
 func (s *Scheduler) volumesOf(pod *v1.Pod) (podVolumes, error) {
 	var out podVolumes
 	for i := range pod.Spec.Volumes {
 		vol := &pod.Spec.Volumes[i]
-		var name string
-		switch {
-		case vol.PersistentVolumeClaim != nil:
-			name = vol.PersistentVolumeClaim.ClaimName
-		case vol.Ephemeral != nil:
-			name = ephemeral.VolumeClaimName(pod, vol)
-		default:
+		name := claimName(pod, vol)
+		if name == "" {
 			continue
 		}
 		pvc, err := s.pvcLister.PersistentVolumeClaims(pod.Namespace).Get(name)
