@@ -55,16 +55,20 @@ func formatBytes(v int64) string {
 }
 
 // formatAmount writes an amount of a resource the way a person reads it:
-// "8 GPUs", "0.5 GPU", "4 CPU", "64Gi memory".
+// "8 GPUs", "1 GPU", "0.5 GPUs", "4 CPUs", "64Gi memory".
 func formatAmount(r Resource, v int64) string {
 	switch r {
 	case ResGPU:
-		if v == 1000 || v > 0 && v < 1000 {
+		// Only exactly one is singular: "0.5 GPUs", as for any decimal.
+		if v == 1000 {
 			return formatMilli(v) + " GPU"
 		}
 		return formatMilli(v) + " GPUs"
 	case ResCPU:
-		return formatMilli(v) + " CPU"
+		if v == 1000 {
+			return "1 CPU"
+		}
+		return formatMilli(v) + " CPUs"
 	default:
 		return formatBytes(v) + " memory"
 	}
