@@ -426,7 +426,7 @@ func (s *session) consolidate() {
 	s.runOrdered(func(j *jobState) bool { return !j.gated }, need, func(j *jobState) (again bool) {
 		req, _ := need(j)
 		tried[j] = true
-		if s.gates(j, req, true) != "" || !s.fitsFree(req) {
+		if s.gates(j, req, true) != "" || !s.fitsFree(req, s.memSlack) {
 			return false
 		}
 		defer func() { again = !tried[j] }()
@@ -489,10 +489,15 @@ func (s *session) consolidate() {
 // after marking a pod the last could not re-place.
 const consolidateTries = 4
 
-// fitsFree says whether req fits the cluster's total free capacity.
-func (s *session) fitsFree(req Resources) bool {
+// fitsFree says whether req fits the cluster's total free capacity, with
+// gpuSlack more GPU milli that moves could free.
+func (s *session) fitsFree(req Resources, gpuSlack int64) bool {
 	for r := range req {
-		if req[r] > s.free[r] {
+		free := s.free[r]
+		if Resource(r) == ResGPU {
+			free += gpuSlack
+		}
+		if req[r] > free {
 			return false
 		}
 	}

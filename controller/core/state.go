@@ -192,6 +192,11 @@ type session struct {
 	capacity  Resources
 	free      Resources // schedulable free capacity, live
 	maxGPUMem int64
+	// memSlack: how much GPU milli the placed memory fractions would free if
+	// each moved to the largest GPU (Σ its milli − its share of the largest
+	// GPU), live. Consolidation's free-capacity trigger counts it, since a
+	// move from a small GPU to a big one frees milli.
+	memSlack int64
 	victims   []*podState // global victim order
 	log       []op
 	seenGen   int
@@ -313,6 +318,7 @@ func (s *session) place(p *podState, n *nodeState, gpus []int, milli, mem []int6
 		for _, m := range milli {
 			s.free[ResGPU] -= m
 		}
+		s.memSlack += s.slackOf(p, milli)
 	}
 	for i, gi := range gpus {
 		g := &n.gpus[gi]
@@ -366,6 +372,7 @@ func (s *session) unplace(p *podState) {
 		for _, m := range p.gpuMilli {
 			s.free[ResGPU] += m
 		}
+		s.memSlack -= s.slackOf(p, p.gpuMilli)
 	}
 	for i, gi := range p.gpus {
 		g := &n.gpus[gi]
@@ -391,6 +398,14 @@ func (s *session) unplace(p *podState) {
 	p.node, p.gpus, p.gpuMilli, p.gpuMem, p.sharing = nil, nil, nil, nil, ""
 	p.atOrig = false
 	s.freeEpoch++
+}
+
+// slackOf is what p, placed with milli, adds to memSlack.
+func (s *session) slackOf(p *podState, milli []int64) int64 {
+	if p.req.GPUMemory == 0 || len(milli) != 1 {
+		return 0
+	}
+	return max(0, milli[0]-memMilli(p.req.GPUMemory, s.maxGPUMem))
 }
 
 func addRes(dst *Resources, r Resources, sign int64) {
