@@ -73,10 +73,24 @@ func (s *session) unitOf(v *podState, pol *evictPolicy) []*podState {
 // forbids, until p fits. It leaves its evictions applied (the caller rolls
 // back) and returns the plan, the highest victim rank it took and how many.
 func (s *session) tryNode(p *podState, n *nodeState, pol *evictPolicy) (*plan, int, int) {
+	pl, maxRank, count, _ := s.tryNodeUnits(p, n, pol, false)
+	return pl, maxRank, count
+}
+
+// evictUnit is one unit tryNode evicted: whole when it is v's whole gang.
+type evictUnit struct {
+	pods  []*podState
+	whole bool
+}
+
+// tryNodeUnits is tryNode, also returning the units it evicted, in order,
+// when record is set (only for the plan kept: the search allocates less).
+func (s *session) tryNodeUnits(p *podState, n *nodeState, pol *evictPolicy, record bool) (*plan, int, int, []evictUnit) {
 	if staticFit(p, n) != fitOK {
-		return nil, 0, 0
+		return nil, 0, 0, nil
 	}
 	maxRank, count := -1, 0
+	var units []evictUnit
 	for _, v := range n.victims {
 		if !v.atOrig || v.node != n || !pol.eligible(v) {
 			continue
@@ -88,16 +102,80 @@ func (s *session) tryNode(p *podState, n *nodeState, pol *evictPolicy) (*plan, i
 		if pol.rules != nil && !pol.rules(unit) {
 			continue
 		}
+		whole := pol.wholeGang && v.job.placed-1 < v.job.minMember
 		for _, u := range unit {
 			maxRank = max(maxRank, u.rank)
 			count++
 			s.detach(u, pol.action, pol.reason(u))
 		}
+		if record {
+			units = append(units, evictUnit{pods: unit, whole: whole})
+		}
 		if pl, why, _ := fitOnNode(p, n); why == fitOK && s.withinLimitsWith(p) {
-			return pl, maxRank, count
+			return pl, maxRank, count, units
 		}
 	}
-	return nil, 0, 0
+	return nil, 0, 0, nil
+}
+
+// reprieve gives back the victims of a plan on n that p turns out not to
+// need, most important first, as kube-scheduler does: victims are taken in
+// victim order, and a later one can make an earlier one unnecessary (a
+// victim under p's limited queue makes room under the limit, after one
+// outside it was taken for capacity). Giving one back only raises its
+// queue's allocation and leaves p's queues as they were, so reclaim's rules
+// still hold. The last unit taken is always needed (without it p did not
+// fit). A unit of a job that also lost its whole gang in the plan is kept:
+// giving it back would leave the gang below minMember. It leaves the kept
+// evictions applied after cp and returns p's plan.
+func (s *session) reprieve(p *podState, n *nodeState, pol *evictPolicy, cp int, units []evictUnit, pl *plan) *plan {
+	if len(units) < 2 {
+		return pl
+	}
+	ganged := map[*jobState]bool{}
+	for _, u := range units {
+		if u.whole {
+			ganged[u.pods[0].job] = true
+		}
+	}
+	keep := make([]bool, len(units))
+	for i := range keep {
+		keep[i] = true
+	}
+	replay := func() (*plan, bool) {
+		s.rollback(cp)
+		for k, u := range units {
+			if keep[k] {
+				for _, v := range u.pods {
+					s.detach(v, pol.action, pol.reason(v))
+				}
+			}
+		}
+		got, why, _ := fitOnNode(p, n)
+		return got, why == fitOK && s.withinLimitsWith(p)
+	}
+	tried := false
+	for i := len(units) - 2; i >= 0; i-- {
+		if ganged[units[i].pods[0].job] && !units[i].whole {
+			continue
+		}
+		tried = true
+		keep[i] = false
+		if _, ok := replay(); !ok {
+			keep[i] = true
+		}
+	}
+	if !tried {
+		return pl
+	}
+	got, ok := replay()
+	if !ok { // cannot happen (the kept set was just seen to fit); keep them all
+		for i := range keep {
+			keep[i] = true
+		}
+		got, _ = replay()
+	}
+	return got
 }
 
 // placeEvicting places p, on free capacity if it fits, else on the node
@@ -150,7 +228,9 @@ func (s *session) placeEvicting(p *podState, pol *evictPolicy) bool {
 	if best == nil {
 		return false
 	}
-	pl, _, _ := s.tryNode(p, best, pol)
+	cp := s.checkpoint()
+	pl, _, _, units := s.tryNodeUnits(p, best, pol, true)
+	pl = s.reprieve(p, best, pol, cp, units, pl)
 	if s.refiner != nil && p.req.IsFraction() {
 		s.refiner.refine(p, pl) // lets it pick the GPU, as on free capacity
 	}
@@ -203,7 +283,13 @@ func (s *session) reclaim() {
 	tried := map[*jobState]bool{}
 	need := s.pendingNeed(tried)
 	s.runOrdered(func(*jobState) bool { return true }, need, func(j *jobState) bool {
-		req, _ := need(j)
+		req, ok := need(j)
+		if !ok {
+			// An earlier plan in this action evicted the job's running gang
+			// whole: what it needs has changed; it waits for the next cycle.
+			tried[j] = true
+			return false
+		}
 		// Limits are not checked up front: victims under the same limited
 		// queue make room under it (placeEvicting checks as it goes).
 		if s.gates(j, req, false) != "" || !s.limitsRelievable(j, req, false) {
@@ -340,9 +426,9 @@ func (s *session) preempt() {
 	tried := map[*jobState]bool{}
 	need := s.pendingNeed(tried)
 	s.runOrdered(func(*jobState) bool { return true }, need, func(j *jobState) (again bool) {
-		req, _ := need(j)
+		req, ok := need(j)
 		tried[j] = true
-		if s.gates(j, req, false) != "" || !s.limitsRelievable(j, req, true) {
+		if !ok || s.gates(j, req, false) != "" || !s.limitsRelievable(j, req, true) {
 			return false
 		}
 		defer func() { again = !tried[j] }()
@@ -424,9 +510,9 @@ func (s *session) consolidate() {
 	tried := map[*jobState]bool{}
 	need := s.pendingNeed(tried)
 	s.runOrdered(func(j *jobState) bool { return !j.gated }, need, func(j *jobState) (again bool) {
-		req, _ := need(j)
+		req, ok := need(j)
 		tried[j] = true
-		if s.gates(j, req, true) != "" || !s.fitsFree(req, s.memSlack) {
+		if !ok || s.gates(j, req, true) != "" || !s.fitsFree(req, s.memSlack) {
 			return false
 		}
 		defer func() { again = !tried[j] }()
