@@ -238,6 +238,45 @@ func (s *session) placeEvicting(p *podState, pol *evictPolicy) bool {
 	return true
 }
 
+// holdFreed keeps what the plan logged since cp evicted or moved away and
+// did not use taken until the end of the cycle: SCENARIOS.md frees an
+// evicted pod's resources at the end of the cycle, and only the plan that
+// evicted it places onto them. Without it the rest of a gang evicted whole
+// for one pod would go, in the same cycle, to whichever job came next in
+// reclaim or preempt, ahead of the job order allocate would apply next
+// cycle. Each GPU of a victim is held when its share there is still free
+// (the plan did not use it), with as much of its CPU and memory as the node
+// has free.
+func (s *session) holdFreed(cp int) {
+	end := len(s.log)
+	for i := cp; i < end; i++ {
+		o := s.log[i]
+		if o.attach || o.node == nil {
+			continue
+		}
+		n := o.node
+		v := o.pod
+		pl := &plan{node: n, sharing: o.sharing}
+		for k, gi := range o.gpus {
+			g := &n.gpus[gi]
+			m, b := o.gpuMilli[k], o.gpuMem[k]
+			if g.pods == 0 || o.sharing != "" && g.sharing == o.sharing && g.usedMilli+m <= 1000 && g.fitsFraction(&v.req, m, b) {
+				pl.gpus = append(pl.gpus, gi)
+				pl.milli = append(pl.milli, m)
+				pl.mem = append(pl.mem, b)
+			}
+		}
+		r := Request{GPUMilli: v.req.GPUMilli, GPUMemory: v.req.GPUMemory, Sharing: v.req.Sharing}
+		r.CPU = max(0, min(v.req.CPU, n.cpu-n.usedCPU))
+		r.Memory = max(0, min(v.req.Memory, n.mem-n.usedMem))
+		if len(pl.gpus) == 0 && r.CPU == 0 && r.Memory == 0 {
+			continue
+		}
+		h := &podState{name: v.name, job: s.heldJob, req: r, held: true, rank: -1, lastOp: -1, lastDetach: -1}
+		s.attach(h, pl, o.action, "")
+	}
+}
+
 // placeJobEvicting places the job's missing pods (all or nothing) with
 // evictions under pol; after, when set, must accept the final plan.
 func (s *session) placeJobEvicting(j *jobState, pol *evictPolicy, after func(cp int) bool) bool {
@@ -257,6 +296,7 @@ func (s *session) placeJobEvicting(j *jobState, pol *evictPolicy, after func(cp 
 		s.rollback(cp)
 		return false
 	}
+	s.holdFreed(cp)
 	return true
 }
 
@@ -336,6 +376,7 @@ func (s *session) reclaim() {
 			}
 			addRes(&remaining, p.res, -1)
 		}
+		s.holdFreed(cp)
 		return true // next pod of the job, if any
 	})
 }

@@ -50,6 +50,9 @@ func (s *session) result(res *Result) {
 	var changed, bound []*podState
 	for i := range s.log {
 		p := s.log[i].pod
+		if p.held {
+			continue
+		}
 		if p.lastOp < 0 {
 			changed = append(changed, p)
 		}

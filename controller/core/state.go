@@ -127,6 +127,10 @@ type podState struct {
 	reason     string
 	shape      string
 	preferred  bool // pending candidate this cycle
+	// held marks a stand-in that keeps an evicted pod's unused capacity
+	// taken until the end of the cycle (session.holdFreed); it belongs to
+	// no queue and makes no decision.
+	held bool
 }
 
 type jobState struct {
@@ -208,6 +212,8 @@ type session struct {
 	// shape, valued by the freeEpoch at the time: capacity only shrinks
 	// until something is freed, so the answer holds until then.
 	failCache map[string]failEntry
+	// heldJob owns the stand-ins of holdFreed: no queue, no decisions.
+	heldJob *jobState
 	freeEpoch int
 	shapes    map[string]int // node shapes, see nodeShape
 	// otherNames lists, sorted, every resource of Node.Other and
@@ -417,6 +423,7 @@ func addRes(dst *Resources, r Resources, sign int64) {
 // newSession validates the snapshot and builds the cycle's state.
 func newSession(snap *Snapshot, cfg Config) (*session, error) {
 	s := &session{cfg: cfg, now: snap.Now, nodeByN: map[string]*nodeState{}, queueByN: map[string]*queueState{}, failCache: map[string]failEntry{}, shapes: map[string]int{}}
+	s.heldJob = &jobState{name: "(held capacity)"}
 	if s.cfg.StaleGangTimeout == 0 {
 		s.cfg.StaleGangTimeout = DefaultStaleGangTimeout
 	}
