@@ -199,48 +199,82 @@ func (s *session) allocate() {
 	}
 }
 
-// placeSmallestSet is allocateJob's second try when a gang has more pods
-// than it needs: the n smallest (biggest of them placed first), since a set
-// with the big pods may not fit where one of small pods does (two halves
-// share a GPU the whole pod would take). All or nothing.
-func (s *session) placeSmallestSet(c []*podState, n int, a Action) bool {
-	set := slices.Clone(c)
-	slices.SortStableFunc(set, func(x, y *podState) int {
+// podSets are the sets of pending pods a job may place now, in the order
+// tried: the n it needs, biggest first; then, when it has more pods than
+// that, the n smallest (biggest of them placed first), since a set with the
+// big pods may not fit, or may pass a queue's share or limit, where one of
+// small pods does (two halves share a GPU a whole pod would take; a job of
+// minMember 1 runs its 1-GPU pod where its 2-GPU pod does not fit).
+func (s *session) podSets(j *jobState) podSetList {
+	c := s.candidates(j)
+	n := needed(j)
+	l := podSetList{all: c}
+	if len(c) < n {
+		return l
+	}
+	l.sets[0], l.n = c[:n], 1
+	if len(c) == n {
+		return l
+	}
+	small := slices.Clone(c)
+	slices.SortStableFunc(small, func(x, y *podState) int {
 		if c := cmp.Compare(x.res[ResGPU], y.res[ResGPU]); c != 0 {
 			return c
 		}
 		return strings.Compare(x.name, y.name)
 	})
-	set = set[:n]
-	slices.SortStableFunc(set, biggestGPUFirst)
-	cp := s.checkpoint()
-	for _, p := range set {
-		pl, _ := s.findPlace(p)
-		if pl == nil {
-			s.rollback(cp)
-			return false
-		}
-		s.attach(p, pl, a, "")
+	small = small[:n]
+	slices.SortStableFunc(small, biggestGPUFirst)
+	if !slices.Equal(small, c[:n]) {
+		l.sets[1], l.n = small, 2
 	}
-	return true
+	return l
 }
 
+// podSetList is podSets' answer, by value: the job's pending pods (all,
+// biggest first) and the sets to try.
+type podSetList struct {
+	all  []*podState
+	sets [2][]*podState
+	n    int
+}
+
+// list is the sets to try, in order.
+func (l *podSetList) list() [][]*podState { return l.sets[:l.n] }
+
 // allocateJob places the job's missing gang members on free capacity, all
-// or nothing.
+// or nothing, trying each of its pod sets.
 func (s *session) allocateJob(j *jobState, a Action) bool {
-	c := s.candidates(j)
-	n := needed(j)
-	if len(c) < n {
+	l := s.podSets(j)
+	if l.n == 0 {
 		return false
 	}
-	if why := s.gates(j, sumRes(c[:n]), true); why != "" {
-		setReason(c, why)
-		j.gated = true
-		return false
+	// The reason given is the first set's: the job's pods as it asks.
+	reason, gated := "", true
+	for i, set := range l.list() {
+		why := s.gates(j, sumRes(set), true)
+		if why == "" {
+			gated = false
+			var ok bool
+			if ok, why = s.placeSet(j, set, a); ok {
+				return true
+			}
+		}
+		if i == 0 {
+			reason = why
+		}
 	}
+	setReason(l.all, reason)
+	j.gated = gated
+	return false
+}
+
+// placeSet places set on free capacity, all or nothing, or says why not.
+func (s *session) placeSet(j *jobState, set []*podState, a Action) (bool, string) {
+	n := len(set)
 	cp := s.checkpoint()
 	placed, firstWhy := 0, ""
-	for _, p := range c[:n] {
+	for _, p := range set {
 		pl, why := s.findPlace(p)
 		if pl == nil {
 			if firstWhy == "" {
@@ -255,15 +289,11 @@ func (s *session) allocateJob(j *jobState, a Action) bool {
 		placed++
 	}
 	if placed == n {
-		return true
+		return true, ""
 	}
 	s.rollback(cp)
-	if n > 1 && len(c) > n && s.placeSmallestSet(c, n, a) {
-		return true
-	}
 	if n > 1 || j.minMember > 1 {
 		firstWhy = fmt.Sprintf("gang %s needs %s; only %d fit (%s)", j.name, plural(j.minMember, "pod"), j.placed+placed, firstWhy)
 	}
-	setReason(c, firstWhy)
-	return false
+	return false, firstWhy
 }

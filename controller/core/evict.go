@@ -125,22 +125,25 @@ func (s *session) tryNodeUnits(p *podState, n *nodeState, pol *evictPolicy, reco
 // outside it was taken for capacity). Giving one back only raises its
 // queue's allocation and leaves p's queues as they were, so reclaim's rules
 // still hold. The last unit taken is always needed (without it p did not
-// fit). A unit of a job that also lost its whole gang in the plan is kept:
+// fit). A unit of a job whose whole gang the plan still takes is kept:
 // giving it back would leave the gang below minMember. It leaves the kept
 // evictions applied after cp and returns p's plan.
 func (s *session) reprieve(p *podState, n *nodeState, pol *evictPolicy, cp int, units []evictUnit, pl *plan) *plan {
 	if len(units) < 2 {
 		return pl
 	}
-	ganged := map[*jobState]bool{}
-	for _, u := range units {
-		if u.whole {
-			ganged[u.pods[0].job] = true
-		}
-	}
 	keep := make([]bool, len(units))
 	for i := range keep {
 		keep[i] = true
+	}
+	// ganged: whether a unit of j's whole gang is still taken.
+	ganged := func(j *jobState) bool {
+		for k, u := range units {
+			if keep[k] && u.whole && u.pods[0].job == j {
+				return true
+			}
+		}
+		return false
 	}
 	replay := func() (*plan, bool) {
 		s.rollback(cp)
@@ -156,7 +159,7 @@ func (s *session) reprieve(p *podState, n *nodeState, pol *evictPolicy, cp int, 
 	}
 	tried := false
 	for i := len(units) - 2; i >= 0; i-- {
-		if ganged[units[i].pods[0].job] && !units[i].whole {
+		if !units[i].whole && ganged(units[i].pods[0].job) {
 			continue
 		}
 		tried = true
@@ -277,16 +280,11 @@ func (s *session) holdFreed(cp int) {
 	}
 }
 
-// placeJobEvicting places the job's missing pods (all or nothing) with
-// evictions under pol; after, when set, must accept the final plan.
-func (s *session) placeJobEvicting(j *jobState, pol *evictPolicy, after func(cp int) bool) bool {
-	c := s.candidates(j)
-	n := needed(j)
-	if len(c) < n {
-		return false
-	}
+// placeSetEvicting places set (all or nothing) with evictions under pol;
+// after, when set, must accept the final plan.
+func (s *session) placeSetEvicting(set []*podState, pol *evictPolicy, after func(cp int) bool) bool {
 	cp := s.checkpoint()
-	for _, p := range c[:n] {
+	for _, p := range set {
 		if !s.placeEvicting(p, pol) {
 			s.rollback(cp)
 			return false
@@ -298,6 +296,20 @@ func (s *session) placeJobEvicting(j *jobState, pol *evictPolicy, after func(cp 
 	}
 	s.holdFreed(cp)
 	return true
+}
+
+// evictSets is podSets for the evicting actions, with pendingNeed's test:
+// none when the job may not evict or cannot reach its minMember (an
+// earlier plan in the action may have changed what it needs).
+func (s *session) evictSets(j *jobState, tried map[*jobState]bool) podSetList {
+	if tried[j] || j.neverEvicts {
+		return podSetList{}
+	}
+	l := s.podSets(j)
+	if j.placed+len(l.all) < j.minMember {
+		return podSetList{}
+	}
+	return l
 }
 
 // pendingNeed gives the evicting actions the next request of each job still
@@ -323,62 +335,72 @@ func (s *session) reclaim() {
 	tried := map[*jobState]bool{}
 	need := s.pendingNeed(tried)
 	s.runOrdered(func(*jobState) bool { return true }, need, func(j *jobState) bool {
-		req, ok := need(j)
-		if !ok {
+		l := s.evictSets(j, tried)
+		if l.n == 0 {
 			// An earlier plan in this action evicted the job's running gang
 			// whole: what it needs has changed; it waits for the next cycle.
 			tried[j] = true
 			return false
 		}
-		// Limits are not checked up front: victims under the same limited
-		// queue make room under it (placeEvicting checks as it goes).
-		if s.gates(j, req, false) != "" || !s.limitsRelievable(j, req, false) {
-			tried[j] = true
-			return false
+		for i, set := range l.list() {
+			if s.reclaimSet(j, set, i == 0) {
+				return true // next pod of the job, if any
+			}
 		}
-		R := j.queue
-		contested := contestedResources(req)
-		// R itself must end within its fair share or its quota.
-		if !fitsShare(R, req, contested) && !fitsQuota(R, req, contested) {
-			c := s.candidates(j)
-			for _, p := range c {
+		tried[j] = true
+		return false
+	})
+}
+
+// reclaimSet places set (all or nothing) by reclaim, or changes nothing;
+// explain adds to the pods' reasons why reclaim cannot help.
+func (s *session) reclaimSet(j *jobState, set []*podState, explain bool) bool {
+	req := sumRes(set)
+	// Limits are not checked up front: victims under the same limited
+	// queue make room under it (placeEvicting checks as it goes).
+	if s.gates(j, req, false) != "" || !s.limitsRelievable(j, req, false) {
+		return false
+	}
+	R := j.queue
+	contested := contestedResources(req)
+	// R itself must end within its fair share or its quota.
+	if !fitsShare(R, req, contested) && !fitsQuota(R, req, contested) {
+		if explain {
+			for _, p := range s.candidates(j) {
 				// Worth saying only when another queue holds something.
 				if p.reason != "" && !strings.Contains(p.reason, "cannot reclaim") && s.othersHold(R, contested) {
 					p.reason += fmt.Sprintf("; cannot reclaim: queue %s would exceed its fair share of %s", R.name, formatAmount(contested[0], R.fairShare[contested[0]]))
 				}
 			}
-			tried[j] = true
+		}
+		return false
+	}
+	remaining := req
+	pol := &evictPolicy{
+		action:    ActionReclaim,
+		wholeGang: true,
+		eligible: func(v *podState) bool {
+			return v.job.preemptible && v.job.queue != R
+		},
+		rules: func(unit []*podState) bool {
+			return s.reclaimAllowed(R, remaining, unit, contested)
+		},
+		reason: func(v *podState) string {
+			return fmt.Sprintf("reclaimed by queue %s for job %s", R.name, j.name)
+		},
+	}
+	// remaining shrinks as the job's pods are placed: R's allocation
+	// already holds those.
+	cp := s.checkpoint()
+	for _, p := range set {
+		if !s.placeEvicting(p, pol) {
+			s.rollback(cp)
 			return false
 		}
-		remaining := req
-		pol := &evictPolicy{
-			action:    ActionReclaim,
-			wholeGang: true,
-			eligible: func(v *podState) bool {
-				return v.job.preemptible && v.job.queue != R
-			},
-			rules: func(unit []*podState) bool {
-				return s.reclaimAllowed(R, remaining, unit, contested)
-			},
-			reason: func(v *podState) string {
-				return fmt.Sprintf("reclaimed by queue %s for job %s", R.name, j.name)
-			},
-		}
-		// remaining shrinks as the job's pods are placed: R's allocation
-		// already holds those.
-		c := s.candidates(j)[:needed(j)]
-		cp := s.checkpoint()
-		for _, p := range c {
-			if !s.placeEvicting(p, pol) {
-				s.rollback(cp)
-				tried[j] = true
-				return false
-			}
-			addRes(&remaining, p.res, -1)
-		}
-		s.holdFreed(cp)
-		return true // next pod of the job, if any
-	})
+		addRes(&remaining, p.res, -1)
+	}
+	s.holdFreed(cp)
+	return true
 }
 
 // othersHold says whether any queue but R has some of the resources
@@ -467,9 +489,9 @@ func (s *session) preempt() {
 	tried := map[*jobState]bool{}
 	need := s.pendingNeed(tried)
 	s.runOrdered(func(*jobState) bool { return true }, need, func(j *jobState) (again bool) {
-		req, ok := need(j)
+		l := s.evictSets(j, tried)
 		tried[j] = true
-		if !ok || s.gates(j, req, false) != "" || !s.limitsRelievable(j, req, true) {
+		if l.n == 0 {
 			return false
 		}
 		defer func() { again = !tried[j] }()
@@ -483,10 +505,19 @@ func (s *session) preempt() {
 				return fmt.Sprintf("preempted by job %s (priority %d) in queue %s", j.name, j.priority, j.queue.name)
 			},
 		}
-		tried[j] = !s.placeJobEvicting(j, pol, func(int) bool {
-			// Evictions in the same queue may bring it back under its limits.
-			return withinLimits(s, j.queue, req)
-		})
+		for _, set := range l.list() {
+			req := sumRes(set)
+			if s.gates(j, req, false) != "" || !s.limitsRelievable(j, req, true) {
+				continue
+			}
+			if s.placeSetEvicting(set, pol, func(int) bool {
+				// Evictions in the same queue may bring it back under its limits.
+				return withinLimits(s, j.queue, req)
+			}) {
+				tried[j] = false
+				return
+			}
+		}
 		return
 	})
 }
@@ -551,9 +582,9 @@ func (s *session) consolidate() {
 	tried := map[*jobState]bool{}
 	need := s.pendingNeed(tried)
 	s.runOrdered(func(j *jobState) bool { return !j.gated }, need, func(j *jobState) (again bool) {
-		req, ok := need(j)
+		l := s.evictSets(j, tried)
 		tried[j] = true
-		if !ok || s.gates(j, req, true) != "" || !s.fitsFree(req, s.memSlack) {
+		if l.n == 0 {
 			return false
 		}
 		defer func() { again = !tried[j] }()
@@ -579,37 +610,52 @@ func (s *session) consolidate() {
 				return fmt.Sprintf("moved to make room for job %s", j.name)
 			},
 		}
-		for try := 0; try < consolidateTries; try++ {
-			var stuck *podState
-			if s.placeJobEvicting(j, pol, func(cp int) bool {
-				// Re-place every pod this plan moved, biggest first.
-				var moved []*podState
-				for _, o := range s.log[cp:] {
-					if !o.attach {
-						moved = append(moved, o.pod)
-					}
-				}
-				slices.SortStableFunc(moved, biggestGPUFirst)
-				for _, v := range moved {
-					pl := s.bestNode(v)
-					if pl == nil {
-						stuck = v
-						return false
-					}
-					s.attach(v, pl, ActionConsolidate, fmt.Sprintf("moved to make room for job %s", j.name))
-				}
-				return true
-			}) {
+		for _, set := range l.list() {
+			req := sumRes(set)
+			if s.gates(j, req, true) != "" || !s.fitsFree(req, s.memSlack) {
+				continue
+			}
+			if s.consolidateSet(j, set, pol, unmovable) {
 				tried[j] = false
 				return
 			}
-			if stuck == nil {
-				break // no plan at all, not one that could not re-place a pod
-			}
-			unmovable[stuck] = true
 		}
 		return
 	})
+}
+
+// consolidateSet tries plans that move pods to make room for set, each
+// after marking unmovable a pod the last could not re-place.
+func (s *session) consolidateSet(j *jobState, set []*podState, pol *evictPolicy, unmovable map[*podState]bool) bool {
+	for try := 0; try < consolidateTries; try++ {
+		var stuck *podState
+		if s.placeSetEvicting(set, pol, func(cp int) bool {
+			// Re-place every pod this plan moved, biggest first.
+			var moved []*podState
+			for _, o := range s.log[cp:] {
+				if !o.attach {
+					moved = append(moved, o.pod)
+				}
+			}
+			slices.SortStableFunc(moved, biggestGPUFirst)
+			for _, v := range moved {
+				pl := s.bestNode(v)
+				if pl == nil {
+					stuck = v
+					return false
+				}
+				s.attach(v, pl, ActionConsolidate, fmt.Sprintf("moved to make room for job %s", j.name))
+			}
+			return true
+		}) {
+			return true
+		}
+		if stuck == nil {
+			break // no plan at all, not one that could not re-place a pod
+		}
+		unmovable[stuck] = true
+	}
+	return false
 }
 
 // consolidateTries bounds the plans tried for one job in one cycle, each

@@ -201,10 +201,10 @@ type session struct {
 	// GPU), live. Consolidation's free-capacity trigger counts it, since a
 	// move from a small GPU to a big one frees milli.
 	memSlack int64
-	victims   []*podState // global victim order
-	log       []op
-	seenGen   int
-	scorer    scorer
+	victims  []*podState // global victim order
+	log      []op
+	seenGen  int
+	scorer   scorer
 	// refiner breaks ties between equally scored placements (FGD under
 	// bin-packing); nil for spread.
 	refiner *fgdRefiner
@@ -213,7 +213,7 @@ type session struct {
 	// until something is freed, so the answer holds until then.
 	failCache map[string]failEntry
 	// heldJob owns the stand-ins of holdFreed: no queue, no decisions.
-	heldJob *jobState
+	heldJob   *jobState
 	freeEpoch int
 	shapes    map[string]int // node shapes, see nodeShape
 	// otherNames lists, sorted, every resource of Node.Other and
