@@ -245,39 +245,103 @@ func (s *session) placeEvicting(p *podState, pol *evictPolicy) bool {
 // did not use taken until the end of the cycle: SCENARIOS.md frees an
 // evicted pod's resources at the end of the cycle, and only the plan that
 // evicted it places onto them. Without it the rest of a gang evicted whole
-// for one pod would go, in the same cycle, to whichever job came next in
-// reclaim or preempt, ahead of the job order allocate would apply next
-// cycle. Each GPU of a victim is held when its share there is still free
-// (the plan did not use it), with as much of its CPU and memory as the node
-// has free.
+// for one pod, or the rest of a GPU a small preemptor took from a bigger
+// victim, would go in the same cycle to whichever job came next in reclaim
+// or preempt, ahead of the job order allocate applies next cycle. Per GPU
+// and per node, what the victims held less what the plan placed there is
+// taken by a stand-in of no queue (in the GPU's sharing mode; a whole GPU
+// when whole-GPU victims left it untouched).
 func (s *session) holdFreed(cp int) {
+	type gpuKey struct {
+		n  *nodeState
+		gi int
+	}
+	type left struct {
+		milli, mem int64
+		sharing    Sharing // the victims'
+	}
+	gpus := map[gpuKey]*left{}
+	host := map[*nodeState]*[2]int64{}
 	end := len(s.log)
+	for i := cp; i < end; i++ {
+		o := &s.log[i]
+		if o.node == nil {
+			continue
+		}
+		sign := int64(1)
+		if o.attach {
+			sign = -1
+		}
+		h := host[o.node]
+		if h == nil {
+			h = &[2]int64{}
+			host[o.node] = h
+		}
+		h[0] += sign * o.pod.req.CPU
+		h[1] += sign * o.pod.req.Memory
+		for k, gi := range o.gpus {
+			key := gpuKey{o.node, gi}
+			l := gpus[key]
+			if l == nil {
+				l = &left{}
+				gpus[key] = l
+			}
+			l.milli += sign * o.gpuMilli[k]
+			l.mem += sign * o.gpuMem[k]
+			if !o.attach {
+				l.sharing = o.sharing
+			}
+		}
+	}
+	// In log order, so that the stand-ins are the same on every run.
 	for i := cp; i < end; i++ {
 		o := s.log[i]
 		if o.attach || o.node == nil {
 			continue
 		}
 		n := o.node
-		v := o.pod
-		pl := &plan{node: n, sharing: o.sharing}
-		for k, gi := range o.gpus {
-			g := &n.gpus[gi]
-			m, b := o.gpuMilli[k], o.gpuMem[k]
-			if g.pods == 0 || o.sharing != "" && g.sharing == o.sharing && g.usedMilli+m <= 1000 && g.fitsFraction(&v.req, m, b) {
-				pl.gpus = append(pl.gpus, gi)
-				pl.milli = append(pl.milli, m)
-				pl.mem = append(pl.mem, b)
+		r := Request{}
+		if h := host[n]; h != nil {
+			r.CPU = max(0, min(h[0], n.cpu-n.usedCPU))
+			r.Memory = max(0, min(h[1], n.mem-n.usedMem))
+			delete(host, n)
+		}
+		if r.CPU > 0 || r.Memory > 0 {
+			s.hold(r, &plan{node: n}, o)
+		}
+		for _, gi := range o.gpus {
+			key := gpuKey{n, gi}
+			l := gpus[key]
+			if l == nil {
+				continue
 			}
+			delete(gpus, key)
+			g := &n.gpus[gi]
+			milli := max(0, min(l.milli, 1000-g.usedMilli))
+			mem := max(0, min(l.mem, g.memory-g.usedMem))
+			if milli == 0 {
+				continue
+			}
+			sh := l.sharing
+			if g.pods > 0 {
+				sh = g.sharing
+			}
+			fr := Request{}
+			if sh != "" {
+				fr.GPUMilli, fr.Sharing = milli, sh
+			} else if g.pods > 0 || milli < 1000 {
+				continue // cannot happen: a whole GPU is left whole or used
+			}
+			s.hold(fr, &plan{node: n, gpus: []int{gi}, milli: []int64{milli}, mem: []int64{mem}, sharing: sh}, o)
 		}
-		r := Request{GPUMilli: v.req.GPUMilli, GPUMemory: v.req.GPUMemory, Sharing: v.req.Sharing}
-		r.CPU = max(0, min(v.req.CPU, n.cpu-n.usedCPU))
-		r.Memory = max(0, min(v.req.Memory, n.mem-n.usedMem))
-		if len(pl.gpus) == 0 && r.CPU == 0 && r.Memory == 0 {
-			continue
-		}
-		h := &podState{name: v.name, job: s.heldJob, req: r, held: true, rank: -1, lastOp: -1, lastDetach: -1}
-		s.attach(h, pl, o.action, "")
 	}
+}
+
+// hold places a stand-in taking r and pl until the end of the cycle, for
+// the victim of o.
+func (s *session) hold(r Request, pl *plan, o op) {
+	h := &podState{name: o.pod.name, job: s.heldJob, req: r, held: true, rank: -1, lastOp: -1, lastDetach: -1}
+	s.attach(h, pl, o.action, "")
 }
 
 // placeSetEvicting places set (all or nothing) with evictions under pol;
