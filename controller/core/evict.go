@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -418,7 +419,45 @@ func (s *session) reclaim() {
 
 // reclaimSet places set (all or nothing) by reclaim, or changes nothing;
 // explain adds to the pods' reasons why reclaim cannot help.
+//
+// A memory fraction's share depends on the GPU it lands on, and reclaim's
+// rules bound its queue's share: so, on a cluster of several GPU sizes, it
+// is priced at each size in turn, largest GPU (least share) first, and kept
+// to GPUs where it takes no more than that price.
 func (s *session) reclaimSet(j *jobState, set []*podState, explain bool) bool {
+	if len(s.gpuSizes) < 2 || !slices.ContainsFunc(set, func(p *podState) bool { return p.req.GPUMemory > 0 }) {
+		return s.reclaimSetAt(j, set, explain)
+	}
+	sizes := slices.Clone(s.gpuSizes)
+	slices.SortFunc(sizes, func(a, b int64) int { return cmp.Compare(b, a) })
+	saved := make([]Resources, len(set))
+	for i, p := range set {
+		saved[i] = p.res
+	}
+	defer func() {
+		for i, p := range set {
+			p.milliCap = 0
+			if p.node == nil {
+				p.res = saved[i]
+			}
+		}
+	}()
+	for k, size := range sizes {
+		for _, p := range set {
+			if p.req.GPUMemory > 0 {
+				p.milliCap = memMilli(p.req.GPUMemory, size)
+				p.res[ResGPU] = p.milliCap
+			}
+		}
+		if s.reclaimSetAt(j, set, explain && k == 0) {
+			return true
+		}
+	}
+	return false
+}
+
+// reclaimSetAt is reclaimSet at the set's current prices.
+func (s *session) reclaimSetAt(j *jobState, set []*podState, explain bool) bool {
 	req := sumRes(set)
 	// Limits are not checked up front: victims under the same limited
 	// queue make room under it (placeEvicting checks as it goes).

@@ -441,14 +441,17 @@ func (s *session) modeBlocks(p *podState) bool {
 }
 
 // milliRoom is how much more GPU, in milli, p's queues let it take: their
-// limits, and for a non-preemptible job their quotas; -1 when nothing caps
-// it.
+// limits, and for a non-preemptible job their quotas, and p.milliCap; -1
+// when nothing caps it.
 func milliRoom(p *podState) int64 {
 	room := int64(-1)
 	take := func(left int64) {
 		if room < 0 || left < room {
 			room = max(0, left)
 		}
+	}
+	if p.milliCap > 0 {
+		take(p.milliCap)
 	}
 	j := p.job
 	for q := j.queue; q != nil && q.parent != nil; q = q.parent {

@@ -127,6 +127,9 @@ type podState struct {
 	reason     string
 	shape      string
 	preferred  bool // pending candidate this cycle
+	// milliCap, when set, keeps a memory fraction to GPUs where it takes
+	// at most this much (reclaim prices it per GPU size: reclaimSet).
+	milliCap int64
 	// held marks a stand-in that keeps an evicted pod's unused capacity
 	// taken until the end of the cycle (session.holdFreed); it belongs to
 	// no queue and makes no decision.
@@ -196,6 +199,7 @@ type session struct {
 	capacity  Resources
 	free      Resources // schedulable free capacity, live
 	maxGPUMem int64
+	gpuSizes  []int64 // the GPUs' memory sizes, each once
 	// memSlack: how much GPU milli the placed memory fractions would free if
 	// each moved to the largest GPU (Σ its milli − its share of the largest
 	// GPU), live. Consolidation's free-capacity trigger counts it, since a
@@ -485,6 +489,9 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 			}
 			ns.gpus = append(ns.gpus, gpuState{index: g.Index, memory: g.Memory, model: g.Model, domain: dom})
 			s.maxGPUMem = max(s.maxGPUMem, g.Memory)
+			if !slices.Contains(s.gpuSizes, g.Memory) {
+				s.gpuSizes = append(s.gpuSizes, g.Memory)
+			}
 		}
 		ns.freeWhole = len(ns.gpus)
 		ns.shape = s.nodeShape(ns)
