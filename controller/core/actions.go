@@ -218,11 +218,22 @@ func (s *session) podSets(j *jobState) podSetList {
 	}
 	small := slices.Clone(c)
 	slices.SortStableFunc(small, func(x, y *podState) int {
-		if c := cmp.Compare(x.res[ResGPU], y.res[ResGPU]); c != 0 {
-			return c
+		// Smallest by GPU, then CPU, then memory: pods of one GPU size may
+		// differ in what else they ask.
+		for _, r := range [...]Resource{ResGPU, ResCPU, ResMemory} {
+			if c := cmp.Compare(x.res[r], y.res[r]); c != 0 {
+				return c
+			}
 		}
 		return strings.Compare(x.name, y.name)
 	})
+	if n == 1 && small[0].shape == c[0].shape {
+		// Ties (a memory fraction and a share of one price at the largest
+		// GPU): the smallest pod that places differently.
+		if i := slices.IndexFunc(small, func(p *podState) bool { return p.shape != c[0].shape }); i > 0 {
+			small[0] = small[i]
+		}
+	}
 	small = small[:n]
 	slices.SortStableFunc(small, biggestGPUFirst)
 	if !slices.Equal(small, c[:n]) {
@@ -257,6 +268,18 @@ func (s *session) allocateJob(j *jobState, a Action) bool {
 			gated = false
 			var ok bool
 			if ok, why = s.placeSet(j, set, a); ok {
+				return true
+			}
+			// Placed pod by pod, memory fractions may take small GPUs (a
+			// bigger share) and leave the rest of a gang no room under a
+			// limit: try them priced by GPU size, largest first.
+			if s.pricedBySize(set) && s.byGPUSize(set, func(bool) bool {
+				if s.gates(j, sumRes(set), true) != "" {
+					return false
+				}
+				ok, _ := s.placeSet(j, set, a)
+				return ok
+			}) {
 				return true
 			}
 		}

@@ -425,9 +425,22 @@ func (s *session) reclaim() {
 // is priced at each size in turn, largest GPU (least share) first, and kept
 // to GPUs where it takes no more than that price.
 func (s *session) reclaimSet(j *jobState, set []*podState, explain bool) bool {
-	if len(s.gpuSizes) < 2 || !slices.ContainsFunc(set, func(p *podState) bool { return p.req.GPUMemory > 0 }) {
+	if !s.pricedBySize(set) {
 		return s.reclaimSetAt(j, set, explain)
 	}
+	return s.byGPUSize(set, func(first bool) bool { return s.reclaimSetAt(j, set, explain && first) })
+}
+
+// pricedBySize says whether set's share depends on the GPU it lands on: a
+// memory fraction on a cluster of several GPU sizes.
+func (s *session) pricedBySize(set []*podState) bool {
+	return len(s.gpuSizes) > 1 && slices.ContainsFunc(set, func(p *podState) bool { return p.req.GPUMemory > 0 })
+}
+
+// byGPUSize runs try with set's memory fractions priced at each GPU size in
+// turn, largest GPU (least share) first, each kept to GPUs where it takes
+// no more than that price, until try succeeds.
+func (s *session) byGPUSize(set []*podState, try func(first bool) bool) bool {
 	sizes := slices.Clone(s.gpuSizes)
 	slices.SortFunc(sizes, func(a, b int64) int { return cmp.Compare(b, a) })
 	saved := make([]Resources, len(set))
@@ -449,7 +462,7 @@ func (s *session) reclaimSet(j *jobState, set []*podState, explain bool) bool {
 				p.res[ResGPU] = p.milliCap
 			}
 		}
-		if s.reclaimSetAt(j, set, explain && k == 0) {
+		if try(k == 0) {
 			return true
 		}
 	}
@@ -486,7 +499,7 @@ func (s *session) reclaimSetAt(j *jobState, set []*podState, explain bool) bool 
 			return v.job.preemptible && v.job.queue != R
 		},
 		rules: func(unit []*podState) bool {
-			return s.reclaimAllowed(R, remaining, unit, contested)
+			return s.reclaimAllowed(R, remaining, unit, unitContested(contested, req, unit))
 		},
 		reason: func(v *podState) string {
 			return fmt.Sprintf("reclaimed by queue %s for job %s", R.name, j.name)
@@ -520,6 +533,31 @@ func (s *session) othersHold(R *queueState, rs []Resource) bool {
 		}
 	}
 	return false
+}
+
+// unitContested is what the rules check for one unit of victims: the
+// job's contested resources, except that victims holding no GPU, taken for
+// a GPU job, are taken for the CPU and memory they free, and are checked on
+// those (else a CPU-only pod could be reclaimed past its queue's CPU quota
+// or share, and reclaim the CPU back in the next cycle: a flap).
+func unitContested(contested []Resource, req Resources, unit []*podState) []Resource {
+	if req[ResGPU] == 0 {
+		return contested
+	}
+	freed := sumRes(unit)
+	if freed[ResGPU] > 0 {
+		return contested
+	}
+	var out []Resource
+	for _, r := range [...]Resource{ResCPU, ResMemory} {
+		if req[r] > 0 && freed[r] > 0 {
+			out = append(out, r)
+		}
+	}
+	if out == nil {
+		return contested
+	}
+	return out
 }
 
 func contestedResources(req Resources) []Resource {
@@ -748,6 +786,18 @@ func (s *session) consolidateSet(j *jobState, set []*podState, pol *evictPolicy,
 					return false
 				}
 				s.attach(v, pl, ActionConsolidate, fmt.Sprintf("moved to make room for job %s", j.name))
+			}
+			// A move can change a memory fraction's share, and the job was
+			// placed while the moved pods were out: the queues' limits must
+			// hold with everyone back.
+			all := Resources{1, 1, 1}
+			if !withinLimits(s, j.queue, all) {
+				return false
+			}
+			for _, v := range moved {
+				if !withinLimits(s, v.job.queue, all) {
+					return false
+				}
 			}
 			return true
 		}) {
