@@ -565,7 +565,7 @@ func (s *session) whyNot(p *podState) string {
 func (s *session) whyNotCounted(p *podState) (string, map[failKind]int) {
 	counts := map[failKind]int{}
 	nvBest, maxWhole := 0, 0
-	var maxFreeCPU, maxFreeMem int64
+	var maxFreeCPU, maxFreeMem, gpuCPU, gpuMem int64
 	var maxFreeOther []int64 // indexed like p.other
 	if p.other != nil {
 		maxFreeOther = make([]int64, len(p.other))
@@ -587,6 +587,13 @@ func (s *session) whyNotCounted(p *podState) (string, map[failKind]int) {
 			maxWhole = max(maxWhole, free)
 			maxFreeCPU = max(maxFreeCPU, n.cpu-n.usedCPU)
 			maxFreeMem = max(maxFreeMem, n.mem-n.usedMem)
+			// On the nodes that have its GPUs free, what they lack.
+			if why == failCPU {
+				gpuCPU = max(gpuCPU, n.cpu-n.usedCPU)
+			}
+			if why == failMemory {
+				gpuMem = max(gpuMem, n.mem-n.usedMem)
+			}
 			for i := range maxFreeOther {
 				maxFreeOther[i] = max(maxFreeOther[i], n.other[i]-n.usedOther[i])
 			}
@@ -618,7 +625,9 @@ func (s *session) whyNotCounted(p *podState) (string, map[failKind]int) {
 		return "every node is unschedulable", counts
 	case counts[failNVLink] > 0:
 		return fmt.Sprintf("needs %s; the best node has %d", plural(r.GPUs, "NVLink-connected GPU"), nvBest), counts
-	case counts[failGPUCount] > 0:
+	case counts[failGPUCount] > 0 && (maxWhole < r.GPUs || counts[failCPU]+counts[failMemory] == 0):
+		// (When some node has the GPUs free, what it lacks is CPU or memory:
+		// said below.)
 		return fmt.Sprintf("needs %s on one node; the most free on any node is %d", plural(r.GPUs, "free GPU"), maxWhole), counts
 	case counts[failQueueRoom] > 0:
 		return fmt.Sprintf("needs %s of GPU memory; on every GPU with room that share would take its queue past its GPU limit (or, non-preemptible, its quota)", formatBytes(r.GPUMemory)), counts
@@ -631,8 +640,12 @@ func (s *session) whyNotCounted(p *podState) (string, map[failKind]int) {
 			return fmt.Sprintf("needs %s (%s); no GPU has that much free without mixing sharing modes", what, r.Sharing), counts
 		}
 		return fmt.Sprintf("needs %s (%s); no GPU it may use has that much free", what, r.Sharing), counts
+	case counts[failCPU] > 0 && counts[failGPUCount] > 0 && r.GPUs > 0:
+		return fmt.Sprintf("needs %s on a node with %s; the most free on such a node is %s", formatAmount(ResCPU, r.CPU), plural(r.GPUs, "free GPU"), formatAmount(ResCPU, gpuCPU)), counts
 	case counts[failCPU] > 0:
 		return fmt.Sprintf("needs %s; the most free on any node is %s", formatAmount(ResCPU, r.CPU), formatAmount(ResCPU, maxFreeCPU)), counts
+	case counts[failMemory] > 0 && counts[failGPUCount] > 0 && r.GPUs > 0:
+		return fmt.Sprintf("needs %s on a node with %s; the most free on such a node is %s", formatAmount(ResMemory, r.Memory), plural(r.GPUs, "free GPU"), formatAmount(ResMemory, gpuMem)), counts
 	case counts[failMemory] > 0:
 		return fmt.Sprintf("needs %s; the most free on any node is %s", formatAmount(ResMemory, r.Memory), formatAmount(ResMemory, maxFreeMem)), counts
 	default:

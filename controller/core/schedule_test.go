@@ -399,3 +399,35 @@ func TestFGDPicksFractionGPU(t *testing.T) {
 	r2 := mustSchedule(t, s, Config{})
 	assert.Equal(t, r.Binds, r2.Binds)
 }
+
+// TestReasonNamesWhatTheGPUNodeLacks: when the node with the GPUs free is
+// short of CPU or memory, the reason says so, not that GPUs are short.
+func TestReasonNamesWhatTheGPUNodeLacks(t *testing.T) {
+	tests := []struct {
+		name  string
+		ask   Request
+		want  string
+		build func(a, b *Node)
+	}{
+		{"cpu", Request{GPUs: 1, CPU: 2000}, "needs 2 CPUs on a node with 1 free GPU; the most free on such a node is 0 CPUs",
+			func(a, b *Node) { a.CPU = 4000 }},
+		{"memory", Request{GPUs: 1, Memory: 2 * gi}, "needs 2Gi memory on a node with 1 free GPU; the most free on such a node is 0 memory",
+			func(a, b *Node) { a.Memory = 4 * gi }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := node("a", 1), node("b", 1)
+			tt.build(&a, &b)
+			// a: its GPU free, its CPU and memory taken; b: its GPU taken.
+			hog := Job{Name: "hog", Queue: "q", Priority: 50, Preemptible: false, Pods: []Pod{
+				{Name: "hog-0", Phase: PodRunning, Request: Request{CPU: a.CPU, Memory: a.Memory}, Placement: Placement{Node: "a"}},
+				{Name: "hog-1", Phase: PodRunning, Request: Request{GPUs: 1}, Placement: Placement{Node: "b", GPUs: []int{0}}},
+			}}
+			j := Job{Name: "j", Queue: "q", Priority: 50, Preemptible: true, Pods: []Pod{{Name: "j-0", Phase: PodPending, Request: tt.ask}}}
+			s := &Snapshot{Nodes: []Node{a, b}, Queues: []Queue{queue("q", "", 0, -1, 1)}, Jobs: []Job{hog, j}}
+			r := mustSchedule(t, s, Config{})
+			assert.Equal(t, 0, countBinds(r, "j"))
+			assert.Contains(t, pendingReason(r, "j-0"), tt.want)
+		})
+	}
+}
