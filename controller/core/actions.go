@@ -20,11 +20,19 @@ func (s *session) candidates(j *jobState) []*podState {
 	return out
 }
 
-// biggestGPUFirst orders pods by GPU request, biggest first, then by name:
-// the order in which pods are placed when several must fit together.
+// biggestGPUFirst orders pods by GPU request, biggest first, then those
+// that require NVLink (the scarcer GPUs, before a pod that only prefers
+// them takes them), then by name: the order in which pods are placed when
+// several must fit together.
 func biggestGPUFirst(a, b *podState) int {
 	if c := cmp.Compare(b.res[ResGPU], a.res[ResGPU]); c != 0 {
 		return c
+	}
+	if ra, rb := a.req.NVLink == NVLinkRequired, b.req.NVLink == NVLinkRequired; ra != rb {
+		if ra {
+			return -1
+		}
+		return 1
 	}
 	return strings.Compare(a.name, b.name)
 }
