@@ -224,30 +224,47 @@ func (s *session) podSets(j *jobState) podSetList {
 	if len(c) == n {
 		return l
 	}
-	small := slices.Clone(c)
-	slices.SortStableFunc(small, func(x, y *podState) int {
-		// Smallest by GPU, then CPU, then memory: pods of one GPU size may
-		// differ in what else they ask.
-		for _, r := range [...]Resource{ResGPU, ResCPU, ResMemory} {
-			if c := cmp.Compare(x.res[r], y.res[r]); c != 0 {
-				return c
+	if n == 1 {
+		// The smallest pod, found by a scan (no sort: pods beyond minMember
+		// come here one at a time). On a tie of its shape with the first
+		// set's (a memory fraction and a share of one price at the largest
+		// GPU), the smallest pod that places differently.
+		best, other := 0, -1
+		for i := 1; i < len(c); i++ {
+			if smallerPod(c[i], c[best]) < 0 {
+				best = i
+			}
+			if c[i].shape != c[0].shape && (other < 0 || smallerPod(c[i], c[other]) < 0) {
+				other = i
 			}
 		}
-		return strings.Compare(x.name, y.name)
-	})
-	if n == 1 && small[0].shape == c[0].shape {
-		// Ties (a memory fraction and a share of one price at the largest
-		// GPU): the smallest pod that places differently.
-		if i := slices.IndexFunc(small, func(p *podState) bool { return p.shape != c[0].shape }); i > 0 {
-			small[0] = small[i]
+		if c[best].shape == c[0].shape {
+			best = other
 		}
+		if best > 0 {
+			l.sets[1], l.n = c[best:best+1], 2
+		}
+		return l
 	}
+	small := slices.Clone(c)
+	slices.SortStableFunc(small, smallerPod)
 	small = small[:n]
 	slices.SortStableFunc(small, biggestGPUFirst)
 	if !slices.Equal(small, c[:n]) {
 		l.sets[1], l.n = small, 2
 	}
 	return l
+}
+
+// smallerPod orders pods smallest first, by GPU, then CPU, then memory
+// (pods of one GPU size may differ in what else they ask), then name.
+func smallerPod(x, y *podState) int {
+	for _, r := range [...]Resource{ResGPU, ResCPU, ResMemory} {
+		if c := cmp.Compare(x.res[r], y.res[r]); c != 0 {
+			return c
+		}
+	}
+	return strings.Compare(x.name, y.name)
 }
 
 // podSetList is podSets' answer, by value: the job's pending pods (all,

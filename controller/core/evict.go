@@ -1,7 +1,6 @@
 package core
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -327,11 +326,9 @@ func (s *session) holdFreed(cp int) {
 			if g.pods > 0 {
 				sh = g.sharing
 			}
-			fr := Request{}
+			fr := Request{} // a whole GPU, when whole-GPU victims left it untouched
 			if sh != "" {
 				fr.GPUMilli, fr.Sharing = milli, sh
-			} else if g.pods > 0 || milli < 1000 {
-				continue // cannot happen: a whole GPU is left whole or used
 			}
 			s.hold(fr, &plan{node: n, gpus: []int{gi}, milli: []int64{milli}, mem: []int64{mem}, sharing: sh}, o)
 		}
@@ -367,11 +364,11 @@ func (s *session) placeSetEvicting(set []*podState, pol *evictPolicy, after func
 // none when the job may not evict or cannot reach its minMember (an
 // earlier plan in the action may have changed what it needs).
 func (s *session) evictSets(j *jobState, tried map[*jobState]bool) podSetList {
-	if tried[j] || j.neverEvicts {
+	if !mayEvict(j, tried) {
 		return podSetList{}
 	}
 	l := s.podSets(j)
-	if j.placed+len(l.all) < j.minMember {
+	if !canReach(j, l.all) {
 		return podSetList{}
 	}
 	return l
@@ -381,17 +378,22 @@ func (s *session) evictSets(j *jobState, tried map[*jobState]bool) podSetList {
 // waiting that may evict to run (not Job.NeverEvicts).
 func (s *session) pendingNeed(tried map[*jobState]bool) func(j *jobState) (Resources, bool) {
 	return func(j *jobState) (Resources, bool) {
-		if tried[j] || j.neverEvicts {
+		if !mayEvict(j, tried) {
 			return Resources{}, false
 		}
 		c := s.candidates(j)
-		n := needed(j)
-		if len(c) < n || j.placed+len(c) < j.minMember {
+		if len(c) < needed(j) || !canReach(j, c) {
 			return Resources{}, false
 		}
-		return sumRes(c[:n]), true
+		return sumRes(c[:needed(j)]), true
 	}
 }
+
+// mayEvict says whether j may still evict to run in this action.
+func mayEvict(j *jobState, tried map[*jobState]bool) bool { return !tried[j] && !j.neverEvicts }
+
+// canReach says whether j, with pending pods c, can reach its minMember.
+func canReach(j *jobState, c []*podState) bool { return j.placed+len(c) >= j.minMember }
 
 // reclaim lets jobs of queues below their fair share (or within quota) take
 // resources back from other queues, under DESIGN.md's lowest-common-ancestor
@@ -441,8 +443,6 @@ func (s *session) pricedBySize(set []*podState) bool {
 // turn, largest GPU (least share) first, each kept to GPUs where it takes
 // no more than that price, until try succeeds.
 func (s *session) byGPUSize(set []*podState, try func(first bool) bool) bool {
-	sizes := slices.Clone(s.gpuSizes)
-	slices.SortFunc(sizes, func(a, b int64) int { return cmp.Compare(b, a) })
 	saved := make([]Resources, len(set))
 	for i, p := range set {
 		saved[i] = p.res
@@ -455,7 +455,7 @@ func (s *session) byGPUSize(set []*podState, try func(first bool) bool) bool {
 			}
 		}
 	}()
-	for k, size := range sizes {
+	for k, size := range s.gpuSizes {
 		for _, p := range set {
 			if p.req.GPUMemory > 0 {
 				p.milliCap = memMilli(p.req.GPUMemory, size)

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -199,7 +200,7 @@ type session struct {
 	capacity  Resources
 	free      Resources // schedulable free capacity, live
 	maxGPUMem int64
-	gpuSizes  []int64 // the GPUs' memory sizes, each once
+	gpuSizes  []int64 // the GPUs' memory sizes, each once, largest first
 	// memSlack: how much GPU milli the placed memory fractions would free if
 	// each moved to the largest GPU (Σ its milli − its share of the largest
 	// GPU), live. Consolidation's free-capacity trigger counts it, since a
@@ -508,6 +509,7 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 		s.nodeByN[n.Name] = ns
 	}
 	s.terms.nodes = s.nodes
+	slices.SortFunc(s.gpuSizes, func(a, b int64) int { return cmp.Compare(b, a) })
 
 	// Queues: a tree under a virtual root.
 	s.root = &queueState{name: "", depth: 0}
