@@ -95,3 +95,25 @@ func TestOtherResourcesPreemptPipelined(t *testing.T) {
 	require.Len(t, res.Binds, 1)
 	assert.True(t, res.Binds[0].Pipelined, "the only pod slot frees when the victim is gone")
 }
+
+// TestRollbackRestoresPendingShare: a memory fraction counts its share of
+// the largest GPU while pending; a placement on a smaller GPU that is rolled
+// back must not leave the bigger share behind (it would inflate the job's
+// request in the gates and the queue's demand for the rest of the cycle).
+func TestRollbackRestoresPendingShare(t *testing.T) {
+	small, big := node("small", 1), node("big", 1)
+	small.GPUs[0].Memory = 24 * gi
+	j := Job{Name: "j", Queue: "q", Priority: 50, Preemptible: true,
+		Pods: []Pod{{Name: "j-0", Phase: PodPending, Request: Request{GPUMemory: 12 * gi, Sharing: SharingMPS}}}}
+	s, err := newSession(&Snapshot{Nodes: []Node{small, big}, Queues: []Queue{queue("q", "", 0, -1, 1)}, Jobs: []Job{j}}, Config{})
+	require.NoError(t, err)
+	p := s.pods[0]
+	pending := p.res
+	require.Equal(t, int64(150), pending[ResGPU], "12Gi of the largest GPU (80Gi)")
+	n := s.nodeByN["small"]
+	cp := s.checkpoint()
+	s.attach(p, &plan{node: n, gpus: []int{0}, milli: []int64{500}, mem: []int64{12 * gi}, sharing: SharingMPS}, ActionAllocate, "")
+	require.Equal(t, int64(500), p.res[ResGPU])
+	s.rollback(cp)
+	assert.Equal(t, pending, p.res)
+}

@@ -181,8 +181,11 @@ type op struct {
 	gpuMem   []int64
 	sharing  Sharing
 	res      Resources
-	action   Action
-	reason   string
+	// prev is the pod's res before an attach: what it counts while pending
+	// (a memory fraction's share of the largest GPU), given back on rollback.
+	prev   Resources
+	action Action
+	reason string
 }
 
 // session is the state of one cycle: live usage plus a log of operations
@@ -273,6 +276,7 @@ func (s *session) rollback(cp int) {
 		o := &s.log[i]
 		if o.attach {
 			s.unplace(o.pod)
+			o.pod.res = o.prev
 		} else {
 			s.place(o.pod, o.node, o.gpus, o.gpuMilli, o.gpuMem, o.sharing, o.res)
 		}
@@ -282,13 +286,13 @@ func (s *session) rollback(cp int) {
 
 // attach places a pod and logs it.
 func (s *session) attach(p *podState, pl *plan, a Action, reason string) {
-	res := p.res
+	prev, res := p.res, p.res
 	res[ResGPU] = 0
 	for _, m := range pl.milli {
 		res[ResGPU] += m
 	}
 	s.place(p, pl.node, pl.gpus, pl.milli, pl.mem, pl.sharing, res)
-	s.log = append(s.log, op{attach: true, pod: p, node: pl.node, gpus: pl.gpus, gpuMilli: pl.milli, gpuMem: pl.mem, sharing: pl.sharing, res: res, action: a, reason: reason})
+	s.log = append(s.log, op{attach: true, pod: p, node: pl.node, gpus: pl.gpus, gpuMilli: pl.milli, gpuMem: pl.mem, sharing: pl.sharing, res: res, prev: prev, action: a, reason: reason})
 }
 
 // detach evicts a placed pod and logs it.
