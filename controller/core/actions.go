@@ -307,6 +307,11 @@ func (s *session) allocateJob(j *jobState, a Action) bool {
 			}) {
 				return true
 			}
+			// Another assignment of the pods to nodes may fit where the
+			// greedy order does not.
+			if s.searchSet(set, a) {
+				return true
+			}
 		}
 		if i == 0 {
 			reason = why

@@ -61,6 +61,33 @@ func benchReclaimSnapshot(nodeCount, gpus int) *Snapshot {
 	return s
 }
 
+// benchSearchSnapshot is the gang search's worst case: 1,000 nodes × 8
+// GPUs with 48 CPUs, each running a pod of 4 GPUs and 24 CPUs except two
+// that run 8 CPUs, and 100 pending gangs of three 1-GPU 30-CPU pods. Each
+// pod fits (on those two nodes) and the free totals hold every gang, but no
+// gang fits: every search runs until the cycle's budget is spent.
+func benchSearchSnapshot() *Snapshot {
+	s := &Snapshot{Nodes: nodes("n", 1000, 8), Queues: []Queue{queue("a", "", 0, -1, 1)}}
+	for i := range s.Nodes {
+		n := &s.Nodes[i]
+		n.CPU = 48000
+		cpu := int64(24000)
+		if i == 300 || i == 700 {
+			cpu = 8000
+		}
+		s.Jobs = append(s.Jobs, Job{Name: fmt.Sprintf("r%04d", i), Queue: "a", CreatedAt: time.Unix(int64(i), 0),
+			Pods: []Pod{{Name: fmt.Sprintf("r%04d", i), Request: Request{GPUs: 4, CPU: cpu}, Phase: PodRunning, Placement: Placement{Node: n.Name, GPUs: []int{0, 1, 2, 3}}}}})
+	}
+	for i := 0; i < 100; i++ {
+		g := Job{Name: fmt.Sprintf("g%03d", i), Queue: "a", Priority: 50, Preemptible: true, CreatedAt: time.Unix(int64(1e6+i), 0)}
+		for k := 0; k < 3; k++ {
+			g.Pods = append(g.Pods, Pod{Name: fmt.Sprintf("g%03d-%d", i, k), Request: Request{GPUs: 1, CPU: 30000}})
+		}
+		s.Jobs = append(s.Jobs, g)
+	}
+	return s
+}
+
 func TestBenchSnapshotsDoWhatTheySay(t *testing.T) {
 	if testing.Short() {
 		t.Skip("large")
@@ -76,6 +103,10 @@ func TestBenchSnapshotsDoWhatTheySay(t *testing.T) {
 	r = mustSchedule(t, benchGangSnapshot(1000), Config{})
 	if countBinds(r, "gang") != 64 || len(r.Evictions) != 512 {
 		t.Fatalf("gang: %d binds, %d evictions; want 64 and 512", countBinds(r, "gang"), len(r.Evictions))
+	}
+	r = mustSchedule(t, benchSearchSnapshot(), Config{})
+	if len(r.Binds) != 0 || len(r.Evictions) != 0 {
+		t.Fatalf("search: %d binds, %d evictions; want none", len(r.Binds), len(r.Evictions))
 	}
 	r = mustSchedule(t, benchReclaimSnapshot(500, 8), Config{})
 	if len(r.Evictions) != 4000 || len(r.Binds) != 4000 {
@@ -130,4 +161,17 @@ func BenchmarkReclaimGang512At1000Full(b *testing.B) {
 // nodes (target ≤ 2 s).
 func BenchmarkReclaim4000At500(b *testing.B) {
 	benchSchedule(b, benchReclaimSnapshot(500, 8))
+}
+
+// BenchmarkGangSearchWorstCase: a cycle of benchSearchSnapshot, with the
+// gang search and without it (the greedy pass alone), in the same run: the
+// price of the search when it can only fail, bounded by the cycle's budget.
+func BenchmarkGangSearchWorstCase(b *testing.B) {
+	s := benchSearchSnapshot()
+	b.Run("search", func(b *testing.B) { benchSchedule(b, s) })
+	b.Run("greedy-only", func(b *testing.B) {
+		defer func(v int) { sessionSearchBudget = v }(sessionSearchBudget)
+		sessionSearchBudget = 0
+		benchSchedule(b, s)
+	})
 }

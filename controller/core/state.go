@@ -223,7 +223,10 @@ type session struct {
 	// heldJob owns the stand-ins of holdFreed: no queue, no decisions.
 	heldJob   *jobState
 	freeEpoch int
-	shapes    map[string]int // node shapes, see nodeShape
+	// searchLeft is what this cycle's gang searches may still spend, in
+	// node evaluations (searchSet).
+	searchLeft int
+	shapes     map[string]int // node shapes, see nodeShape
 	// otherNames lists, sorted, every resource of Node.Other and
 	// Request.Other in the snapshot.
 	otherNames []string
@@ -431,7 +434,7 @@ func addRes(dst *Resources, r Resources, sign int64) {
 
 // newSession validates the snapshot and builds the cycle's state.
 func newSession(snap *Snapshot, cfg Config) (*session, error) {
-	s := &session{cfg: cfg, now: snap.Now, nodeByN: map[string]*nodeState{}, queueByN: map[string]*queueState{}, failCache: map[string]failEntry{}, shapes: map[string]int{}}
+	s := &session{cfg: cfg, now: snap.Now, nodeByN: map[string]*nodeState{}, queueByN: map[string]*queueState{}, failCache: map[string]failEntry{}, shapes: map[string]int{}, searchLeft: sessionSearchBudget}
 	s.heldJob = &jobState{name: "(held capacity)"}
 	if s.cfg.StaleGangTimeout == 0 {
 		s.cfg.StaleGangTimeout = DefaultStaleGangTimeout
