@@ -307,15 +307,15 @@ func (s *session) allocateJob(j *jobState, a Action) bool {
 			}) {
 				return true
 			}
-			// Another assignment of the pods to nodes may fit where the
-			// greedy order does not.
-			if s.searchSet(set, a) {
-				return true
-			}
 		}
 		if i == 0 {
 			reason = why
 		}
+	}
+	// Another choice of pods, or of nodes for them, may fit where the
+	// greedy pass does not.
+	if s.searchJob(j, l.all, needed(j), a) {
+		return true
 	}
 	setReason(l.all, reason)
 	j.gated = gated

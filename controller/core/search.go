@@ -5,14 +5,19 @@ import (
 	"slices"
 )
 
-// Gang search. A gang is placed greedily: each pod, biggest first, on its
-// best node. That misses assignments where an early pod's best node is the
-// only one a later pod fits (two 2-GPU pods needing 40 CPUs and two needing
-// 8, on two 4-GPU nodes of 48 CPUs: the small ones, placed first, take one
-// node, and the second big one fits nowhere). When the greedy pass fails,
-// searchSet backtracks over the nodes each pod fits, best first, within a
-// budget of node evaluations, so a gang that fits by another assignment
-// runs instead of waiting for capacity it does not need.
+// Gang search. A gang is placed greedily: its biggest pods (then its
+// smallest), each on its best node. That misses two kinds of fit:
+//   - another assignment of the pods to nodes: two 2-GPU pods needing 40
+//     CPUs and two needing 8, on two 4-GPU nodes of 48 CPUs; the small ones,
+//     placed first, take a pair on each node and the big ones fit nowhere;
+//   - another choice of pods, when the job has more than minMember: three
+//     2-GPU pods that require NVLink and one that prefers it, minMember 3,
+//     with one free NVLink node of 4 GPUs and one of 2 GPUs without NVLink.
+//
+// When the greedy pass fails, searchJob backtracks over both: which pods
+// (biggest first, a pod tried before it is left out) and on which nodes
+// (best first), within a budget, so a gang that fits runs instead of
+// waiting for capacity it does not need.
 
 const (
 	// searchBudget bounds one gang's search, in node evaluations: a few
@@ -27,115 +32,157 @@ const (
 // the benchmark can measure a cycle without them).
 var sessionSearchBudget = 200000
 
-// searchSet places set by backtracking search, or leaves everything as it
-// was and returns false. The caller has already tried the greedy order.
-func (s *session) searchSet(set []*podState, a Action) bool {
-	if len(set) < 2 || s.searchLeft <= 0 || !s.mayHold(set) {
+// searchJob places n of the job's pending pods cands (biggest first) by
+// backtracking search, each within the job's gates, or leaves everything as
+// it was and returns false. The caller has already tried the greedy pass.
+func (s *session) searchJob(j *jobState, cands []*podState, n int, a Action) bool {
+	if s.searchLeft <= 0 || n < 1 || (n == 1 && len(cands) < 2) {
 		return false
 	}
 	// A pod that fits nowhere now fits nowhere after others are placed.
-	seen := map[string]bool{}
-	for _, p := range set {
-		if seen[p.shape] {
-			continue
+	fits := map[string]bool{}
+	var pods []*podState
+	for _, p := range cands {
+		ok, seen := fits[p.shape]
+		if !seen {
+			pl, _ := s.findPlace(p)
+			ok = pl != nil
+			fits[p.shape] = ok
 		}
-		seen[p.shape] = true
-		if pl, _ := s.findPlace(p); pl == nil {
-			return false
+		if ok {
+			pods = append(pods, p)
 		}
 	}
-	budget := min(searchBudget, s.searchLeft)
-	// Nodes that look alike to every pod of the set are one branch: a
-	// pod's hooks that tell nodes apart by name rule that out.
-	alike := !slices.ContainsFunc(set, func(p *podState) bool {
-		return p.feasible != nil || p.nodeScore != nil || p.matches != nil || p.avoids != nil || p.needs != nil || p.spread != nil
-	})
-	cp := s.checkpoint()
-	var dfs func(i int) bool
-	dfs = func(i int) bool {
-		if i == len(set) {
-			return true
-		}
-		p := set[i]
-		var plans []*plan
-		var keys []int64
-		for _, n := range s.nodes {
-			if budget <= 0 {
-				return false
-			}
-			budget--
-			if p.req.GPUs > 0 && n.freeWhole < p.req.GPUs {
-				continue
-			}
-			if pl, why, _ := fitOnNode(p, n); why == fitOK {
-				plans, keys = append(plans, pl), append(keys, s.scorePlan(p, pl))
-			}
-		}
-		// Best first, as the greedy pass ranks them (stable: node order on
-		// ties); at most searchBranch distinct nodes per pod.
-		idx := make([]int, len(plans))
-		for k := range idx {
-			idx[k] = k
-		}
-		slices.SortStableFunc(idx, func(x, y int) int {
-			switch {
-			case s.better(p, plans[x], keys[x], plans[y], keys[y]):
-				return -1
-			case s.better(p, plans[y], keys[y], plans[x], keys[x]):
-				return 1
-			}
-			return 0
-		})
-		var tried []*nodeState
-		for _, k := range idx {
-			n := plans[k].node
-			if alike && slices.ContainsFunc(tried, func(o *nodeState) bool {
-				return sameState(o, n) && maps.Equal(o.labels, n.labels)
-			}) {
-				continue
-			}
-			if len(tried) == searchBranch {
-				break
-			}
-			tried = append(tried, n)
-			c := s.checkpoint()
-			s.attach(p, plans[k], a, "")
-			if dfs(i + 1) {
-				return true
-			}
-			s.rollback(c)
-			if budget <= 0 {
-				return false
-			}
-		}
+	if len(pods) < n || !s.mayHold(pods, n) {
 		return false
 	}
-	start := budget
-	ok := dfs(0)
-	s.searchLeft -= start - budget
-	if !ok {
-		s.rollback(cp)
+	budget := min(searchBudget, s.searchLeft)
+	// Nodes that look alike to every pod are one branch: a pod's hooks
+	// that tell nodes apart by name rule that out.
+	alike := !slices.ContainsFunc(pods, func(p *podState) bool {
+		return p.feasible != nil || p.nodeScore != nil || p.matches != nil || p.avoids != nil || p.needs != nil || p.spread != nil
+	})
+	// Pods of one shape are interchangeable: once one is left out, so are
+	// the later ones (the pods taken of a shape are its first ones).
+	out := map[string]bool{}
+	var dfs func(i, placed int) bool
+	dfs = func(i, placed int) bool {
+		if placed == n {
+			return true
+		}
+		if len(pods)-i < n-placed || budget <= 0 {
+			return false
+		}
+		budget--
+		p := pods[i]
+		if out[p.shape] {
+			return dfs(i+1, placed)
+		}
+		if s.gates(j, p.res, true) == "" {
+			if s.tryNodes(p, a, alike, &budget, func() bool { return dfs(i+1, placed+1) }) {
+				return true
+			}
+			if budget <= 0 {
+				return false
+			}
+		}
+		out[p.shape] = true
+		ok := dfs(i+1, placed)
+		delete(out, p.shape)
+		return ok
 	}
+	start := budget
+	ok := dfs(0, 0)
+	s.searchLeft -= start - budget
 	return ok
 }
 
-// mayHold is a cheap necessary condition for set to fit the free capacity:
-// enough free whole GPUs, CPU and memory over all schedulable nodes.
-func (s *session) mayHold(set []*podState) bool {
-	var gpus int
-	var cpu, mem int64
-	for _, p := range set {
-		gpus += p.req.GPUs
-		cpu += p.req.CPU
-		mem += p.req.Memory
-	}
+// tryNodes places p on each node it fits in turn, best first, at most
+// searchBranch distinct ones, until rest succeeds; it undoes each failed
+// placement and returns false when none succeeds.
+func (s *session) tryNodes(p *podState, a Action, alike bool, budget *int, rest func() bool) bool {
+	var plans []*plan
+	var keys []int64
 	for _, n := range s.nodes {
-		if n.unschedulable {
+		if *budget <= 0 {
+			return false
+		}
+		*budget--
+		if p.req.GPUs > 0 && n.freeWhole < p.req.GPUs {
 			continue
 		}
-		gpus -= n.freeWhole
-		cpu -= n.cpu - n.usedCPU
-		mem -= n.mem - n.usedMem
+		if pl, why, _ := fitOnNode(p, n); why == fitOK {
+			plans, keys = append(plans, pl), append(keys, s.scorePlan(p, pl))
+		}
 	}
-	return gpus <= 0 && cpu <= 0 && mem <= 0
+	// Best first, as the greedy pass ranks them (stable: node order on ties).
+	idx := make([]int, len(plans))
+	for k := range idx {
+		idx[k] = k
+	}
+	slices.SortStableFunc(idx, func(x, y int) int {
+		switch {
+		case s.better(p, plans[x], keys[x], plans[y], keys[y]):
+			return -1
+		case s.better(p, plans[y], keys[y], plans[x], keys[x]):
+			return 1
+		}
+		return 0
+	})
+	var tried []*nodeState
+	for _, k := range idx {
+		n := plans[k].node
+		if alike && slices.ContainsFunc(tried, func(o *nodeState) bool {
+			return sameState(o, n) && maps.Equal(o.labels, n.labels)
+		}) {
+			continue
+		}
+		if len(tried) == searchBranch {
+			break
+		}
+		tried = append(tried, n)
+		c := s.checkpoint()
+		s.attach(p, plans[k], a, "")
+		if rest() {
+			return true
+		}
+		s.rollback(c)
+		if *budget <= 0 {
+			return false
+		}
+	}
+	return false
+}
+
+// mayHold is a cheap necessary condition for n of pods to fit the free
+// capacity: the n smallest asks of whole GPUs, of CPU and of memory, each
+// within the free total over all schedulable nodes.
+func (s *session) mayHold(pods []*podState, n int) bool {
+	var free [3]int64
+	for _, nd := range s.nodes {
+		if !nd.unschedulable {
+			free[0] += int64(nd.freeWhole)
+			free[1] += nd.cpu - nd.usedCPU
+			free[2] += nd.mem - nd.usedMem
+		}
+	}
+	ask := make([]int64, len(pods))
+	for r, get := range [3]func(p *podState) int64{
+		func(p *podState) int64 { return int64(p.req.GPUs) },
+		func(p *podState) int64 { return p.req.CPU },
+		func(p *podState) int64 { return p.req.Memory },
+	} {
+		for i, p := range pods {
+			ask[i] = get(p)
+		}
+		slices.Sort(ask)
+		var sum int64
+		for _, v := range ask[:n] {
+			sum += v
+		}
+		if sum > free[r] {
+			return false
+		}
+	}
+	return true
 }

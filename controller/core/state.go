@@ -224,7 +224,7 @@ type session struct {
 	heldJob   *jobState
 	freeEpoch int
 	// searchLeft is what this cycle's gang searches may still spend, in
-	// node evaluations (searchSet).
+	// node evaluations (searchJob).
 	searchLeft int
 	shapes     map[string]int // node shapes, see nodeShape
 	// otherNames lists, sorted, every resource of Node.Other and
