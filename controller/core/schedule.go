@@ -47,10 +47,13 @@ func Schedule(snap *Snapshot, cfg Config) (*Result, error) {
 // differs from the snapshot's, in the order of its last change.
 func (s *session) result(res *Result) {
 	// Each pod's last operation and last eviction, in log order.
-	var changed, bound []*podState
+	var changed, bound, held []*podState
 	for i := range s.log {
 		p := s.log[i].pod
 		if p.held {
+			if p.node != nil && s.log[i].attach {
+				held = append(held, p)
+			}
 			continue
 		}
 		if p.lastOp < 0 {
@@ -82,7 +85,7 @@ func (s *session) result(res *Result) {
 			bound = append(bound, p)
 		}
 	}
-	s.markPipelined(res, bound)
+	s.markPipelined(res, bound, held)
 	res.Jobs = make(map[string]JobStatus, len(s.jobs))
 	for _, j := range s.jobs {
 		st := JobStatus{Placed: j.placed}
@@ -144,8 +147,10 @@ type transit struct {
 // does not fit next to the pods evicted from its node (they keep their
 // capacity until they are gone). The adapter holds pipelined binds back, so
 // a false positive would delay a pod for nothing. Binds are tried in
-// decision order, each one made right away that fits.
-func (s *session) markPipelined(res *Result, bound []*podState) {
+// decision order, each one made right away that fits. held are the
+// stand-ins that keep the victims' unused capacity (holdFreed): the victims
+// themselves are put back, so their stand-ins are taken out.
+func (s *session) markPipelined(res *Result, bound, held []*podState) {
 	var tr map[*nodeState]*transit
 	get := func(n *nodeState) *transit {
 		if t := tr[n]; t != nil {
@@ -154,9 +159,11 @@ func (s *session) markPipelined(res *Result, bound []*podState) {
 		// Start from the final state, take the binds out, put the
 		// victims back.
 		t := &transit{cpu: n.usedCPU, mem: n.usedMem, other: slices.Clone(n.usedOther), gpus: slices.Clone(n.gpus)}
-		for _, p := range bound {
-			if p.node == n {
-				t.remove(p)
+		for _, ps := range [2][]*podState{bound, held} {
+			for _, p := range ps {
+				if p.node == n {
+					t.remove(p)
+				}
 			}
 		}
 		for _, v := range n.victims {
