@@ -322,6 +322,32 @@ func (s *session) allocateJob(j *jobState, a Action) bool {
 	return false
 }
 
+// gatesAfter checks the gates again once set is placed, when it holds a
+// memory fraction: the gates priced it at the largest GPU's share, and
+// placement checks its real share against the queue's room for that pod
+// alone, so a pod of the set placed after it could pass a limit or quota
+// (a 40Gi pod on a 40Gi GPU takes 1, not 0.5, and a 0.5 share follows it).
+// When a gate no longer holds, it undoes the set (to cp) and says why.
+func (s *session) gatesAfter(j *jobState, set []*podState, cp int) string {
+	if !slices.ContainsFunc(set, func(p *podState) bool { return p.req.GPUMemory > 0 }) {
+		return ""
+	}
+	req := sumRes(set) // the real shares, now that the pods are placed
+	for q := j.queue; q != s.root; q = q.parent {
+		for r := Resource(0); r < NumResources; r++ {
+			if req[r] == 0 {
+				continue
+			}
+			if (q.limit[r] != Unlimited && q.allocated[r] > q.limit[r]) ||
+				(!j.preemptible && q.quota[r] != Unlimited && q.allocNP[r] > q.quota[r]) {
+				s.rollback(cp)
+				return s.gates(j, req, true)
+			}
+		}
+	}
+	return ""
+}
+
 // placeSet places set on free capacity, all or nothing, or says why not.
 func (s *session) placeSet(j *jobState, set []*podState, a Action) (bool, string) {
 	n := len(set)
@@ -342,6 +368,9 @@ func (s *session) placeSet(j *jobState, set []*podState, a Action) (bool, string
 		placed++
 	}
 	if placed == n {
+		if why := s.gatesAfter(j, set, cp); why != "" {
+			return false, why
+		}
 		return true, ""
 	}
 	s.rollback(cp)

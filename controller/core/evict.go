@@ -122,10 +122,11 @@ func (s *session) tryNodeUnits(p *podState, n *nodeState, pol *evictPolicy, reco
 // need, most important first, as kube-scheduler does: victims are taken in
 // victim order, and a later one can make an earlier one unnecessary (a
 // victim under p's limited queue makes room under the limit, after one
-// outside it was taken for capacity). Giving one back only raises its
-// queue's allocation and leaves p's queues as they were, so reclaim's rules
-// still hold. The last unit taken is always needed (without it p did not
-// fit). A unit of a job whose whole gang the plan still takes is kept:
+// outside it was taken for capacity). Giving one back raises its queue's
+// allocation, and that queue may sit on p's side of another victim's
+// check (a sibling of p's queue: the R' of a victim in another branch), so
+// the kept units are checked against the action's rules again, in order.
+// The last unit taken is always needed (without it p did not fit). A unit of a job whose whole gang the plan still takes is kept:
 // giving it back would leave the gang below minMember. It leaves the kept
 // evictions applied after cp and returns p's plan.
 func (s *session) reprieve(p *podState, n *nodeState, pol *evictPolicy, cp int, units []evictUnit, pl *plan) *plan {
@@ -147,15 +148,17 @@ func (s *session) reprieve(p *podState, n *nodeState, pol *evictPolicy, cp int, 
 	}
 	replay := func() (*plan, bool) {
 		s.rollback(cp)
+		ruled := true
 		for k, u := range units {
 			if keep[k] {
+				ruled = ruled && (pol.rules == nil || pol.rules(u.pods))
 				for _, v := range u.pods {
 					s.detach(v, pol.action, pol.reason(v))
 				}
 			}
 		}
 		got, why, _ := fitOnNode(p, n)
-		return got, why == fitOK && s.withinLimitsWith(p)
+		return got, ruled && why == fitOK && s.withinLimitsWith(p)
 	}
 	tried := false
 	for i := len(units) - 2; i >= 0; i-- {
@@ -499,7 +502,8 @@ func (s *session) reclaimSetAt(j *jobState, set []*podState, explain bool) bool 
 			return v.job.preemptible && v.job.queue != R
 		},
 		rules: func(unit []*podState) bool {
-			return s.reclaimAllowed(R, remaining, unit, unitContested(contested, req, unit))
+			rs, vs := unitContested(contested, req, unit)
+			return s.reclaimAllowed(R, remaining, unit, rs, vs)
 		},
 		reason: func(v *podState) string {
 			return fmt.Sprintf("reclaimed by queue %s for job %s", R.name, j.name)
@@ -535,18 +539,27 @@ func (s *session) othersHold(R *queueState, rs []Resource) bool {
 	return false
 }
 
-// unitContested is what the rules check for one unit of victims: the
-// job's contested resources, except that victims holding no GPU, taken for
-// a GPU job, are taken for the CPU and memory they free, and are checked on
-// those (else a CPU-only pod could be reclaimed past its queue's CPU quota
-// or share, and reclaim the CPU back in the next cycle: a flap).
-func unitContested(contested []Resource, req Resources, unit []*podState) []Resource {
-	if req[ResGPU] == 0 {
-		return contested
-	}
+// unitContested is what the rules check for one unit of victims, on R's
+// side (rs) and on the victims' (vs): the job's contested resources, except
+//   - victims holding no GPU, taken for a GPU job, are taken for the CPU and
+//     memory they free, and are checked on those on both sides (else a
+//     CPU-only pod could be reclaimed past its queue's CPU quota or share,
+//     and reclaim the CPU back in the next cycle: a flap);
+//   - victims holding GPUs, taken for a job that asks none, are checked on
+//     their GPUs too on their side: their queue must keep its GPU fair share
+//     or quota (a quota is a guarantee), else the GPU pod's queue reclaims
+//     its GPU back in the next cycle. R gains no GPU, so its side is not
+//     checked on GPUs.
+func unitContested(contested []Resource, req Resources, unit []*podState) (rs, vs []Resource) {
 	freed := sumRes(unit)
+	if req[ResGPU] == 0 {
+		if freed[ResGPU] > 0 && !slices.Contains(contested, ResGPU) {
+			return contested, append(slices.Clone(contested), ResGPU)
+		}
+		return contested, contested
+	}
 	if freed[ResGPU] > 0 {
-		return contested
+		return contested, contested
 	}
 	var out []Resource
 	for _, r := range [...]Resource{ResCPU, ResMemory} {
@@ -555,9 +568,9 @@ func unitContested(contested []Resource, req Resources, unit []*podState) []Reso
 		}
 	}
 	if out == nil {
-		return contested
+		return contested, contested
 	}
-	return out
+	return out, out
 }
 
 func contestedResources(req Resources) []Resource {
@@ -598,7 +611,7 @@ func fitsQuota(q *queueState, add Resources, rs []Resource) bool {
 // and R', V' A's children towards R and V, after the plan either R and R'
 // are within their fair shares and V' at or above its own, or R and R' are
 // within their quotas and V' at or above its quota.
-func (s *session) reclaimAllowed(R *queueState, rem Resources, unit []*podState, rs []Resource) bool {
+func (s *session) reclaimAllowed(R *queueState, rem Resources, unit []*podState, rs, vs []Resource) bool {
 	V := unit[0].job.queue
 	if V == R {
 		return false
@@ -616,7 +629,7 @@ func (s *session) reclaimAllowed(R *queueState, rem Resources, unit []*podState,
 	freed := sumRes(unit)
 	shareOK := fitsShare(R, rem, rs) && fitsShare(Rp, rem, rs)
 	quotaOK := fitsQuota(R, rem, rs) && fitsQuota(Rp, rem, rs)
-	for _, r := range rs {
+	for _, r := range vs {
 		after := Vp.allocated[r] - freed[r]
 		shareOK = shareOK && after >= Vp.fairShare[r]
 		quotaOK = quotaOK && Vp.quota[r] != Unlimited && after >= Vp.quota[r]
