@@ -126,9 +126,10 @@ func (s *session) tryNodeUnits(p *podState, n *nodeState, pol *evictPolicy, reco
 // allocation, and that queue may sit on p's side of another victim's
 // check (a sibling of p's queue: the R' of a victim in another branch), so
 // the kept units are checked against the action's rules again, in order.
-// The last unit taken is always needed (without it p did not fit). A unit of a job whose whole gang the plan still takes is kept:
-// giving it back would leave the gang below minMember. It leaves the kept
-// evictions applied after cp and returns p's plan.
+// The last unit taken is always needed (without it p did not fit). A unit
+// of a job whose whole gang the plan still takes is kept: giving it back
+// would leave the gang below minMember. It leaves the kept evictions
+// applied after cp and returns p's plan.
 func (s *session) reprieve(p *podState, n *nodeState, pol *evictPolicy, cp int, units []evictUnit, pl *plan) *plan {
 	if len(units) < 2 {
 		return pl

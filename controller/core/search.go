@@ -11,8 +11,9 @@ import (
 //     CPUs and two needing 8, on two 4-GPU nodes of 48 CPUs; the small ones,
 //     placed first, take a pair on each node and the big ones fit nowhere;
 //   - another choice of pods, when the job has more than minMember: three
-//     2-GPU pods that require NVLink and one that prefers it, minMember 3,
-//     with one free NVLink node of 4 GPUs and one of 2 GPUs without NVLink.
+//     2-GPU pods that require NVLink and one that only prefers it and asks
+//     more CPU, minMember 3, with one free NVLink node of 4 GPUs and one of
+//     2 GPUs without NVLink (both greedy sets are the three NVLink pods).
 //
 // When the greedy pass fails, searchJob backtracks over both: which pods
 // (biggest first, a pod tried before it is left out) and on which nodes
