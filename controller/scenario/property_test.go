@@ -737,15 +737,15 @@ func (ck *propChecker) checkCycle(before, after map[string]podView, res *core.Re
 			X = ck.jobs[m[1]]
 		}
 		evictFor := func(what string, ok func(J *pgJob) bool) {
-			any := false
+			found := false
 			for _, J := range ck.sc.jobs {
 				for _, b := range boundJobs[J.name] {
 					if b.Action == e.Action && ok(J) {
-						any = true
+						found = true
 					}
 				}
 			}
-			if !any {
+			if !found {
 				ck.bad("eviction", "pod %s of job %s evicted by %s, but no job that %s placed a pod by %s this cycle (%q)", e.Pod, V.name, e.Action, what, e.Action, e.Reason)
 			}
 			if X != nil {
