@@ -37,8 +37,18 @@ const (
 // seeds always run (whatever seeds are asked for); a listed violation is
 // logged instead of failing the test, and a listed one that no longer
 // happens fails it, so the list cannot go stale: when a fix lands, remove
-// its entries. Empty: every bug found so far is fixed.
-var propertyKnownIssues = map[string]string{}
+// its entries.
+var propertyKnownIssues = map[string]string{
+	// Limit room that an eviction makes is not held to the end of the
+	// cycle (only capacity is): reclaim evicts q0a's gang to bring q0 under
+	// its limit for j3's second pod, and j3's third pod then takes the rest
+	// of that room on a free GPU, in a plan with no victims and so no rule
+	// check, ending R' (q0b) above its quota and fair share. Allocate places
+	// the same pod in the next cycle (q0 is then within its limit), so the
+	// end state is the same; holding limit room naively over-evicts (a later
+	// preemptor evicts to relieve room that comes back at the cycle's end).
+	"seed=83499/reclaim-rule": "limit room freed by reclaim's evictions used by the reclaimer's next pod in the same cycle",
+}
 
 // propertyRegressionSeeds always run too: seeds outside the default range
 // (from runs over seeds 3,001–60,000) that found core bugs, now fixed and
@@ -77,6 +87,7 @@ func TestProperty(t *testing.T) {
 	}
 	var mu sync.Mutex
 	total := map[string]int{}
+	ran := 0 // seeds run (-run may pick a few)
 	seeds := map[uint64]bool{}
 	for seed := uint64(from); seed < uint64(from+n); seed++ {
 		seeds[seed] = true
@@ -101,6 +112,7 @@ func TestProperty(t *testing.T) {
 				reportProperty(t, sc, viols, trace)
 				mu.Lock()
 				defer mu.Unlock()
+				ran++
 				for k, v := range seen {
 					total[k] += v
 				}
@@ -109,12 +121,13 @@ func TestProperty(t *testing.T) {
 	})
 	// The runs must reach what the invariants are about, or they check
 	// less than they seem to.
-	t.Logf("decisions and checks over %d seeds: %v", n, total)
-	if n >= propertySeedsShort {
+	t.Logf("decisions and checks over %d seeds: %v", ran, total)
+	// Only when the seeds ran, not one picked with -run.
+	if ran >= propertySeedsShort {
 		for _, k := range []string{"bind allocate", "bind pipelined", "evict preempt", "evict reclaim", "evict consolidate",
 			"fair share gpu", "fair share cpu", "fair share memory", "reclaim rule", "settle"} {
 			if total[k] == 0 {
-				t.Errorf("no %q in %d seeds", k, n)
+				t.Errorf("no %q in %d seeds", k, ran)
 			}
 		}
 	}
