@@ -322,39 +322,25 @@ func (s *session) allocateJob(j *jobState, a Action) bool {
 	return false
 }
 
-// gatesAfter checks the gates again once set is placed, when it holds a
-// memory fraction: the gates priced it at the largest GPU's share, and
-// placement checks its real share against the queue's room for that pod
-// alone, so a pod of the set placed after it could pass a limit or quota
-// (a 40Gi pod on a 40Gi GPU takes 1, not 0.5, and a 0.5 share follows it).
-// When a gate no longer holds, it undoes the set (to cp) and says why.
-func (s *session) gatesAfter(j *jobState, set []*podState, cp int) string {
-	if !slices.ContainsFunc(set, func(p *podState) bool { return p.req.GPUMemory > 0 }) {
-		return ""
-	}
-	req := sumRes(set) // the real shares, now that the pods are placed
-	for q := j.queue; q != s.root; q = q.parent {
-		for r := Resource(0); r < NumResources; r++ {
-			if req[r] == 0 {
-				continue
-			}
-			if (q.limit[r] != Unlimited && q.allocated[r] > q.limit[r]) ||
-				(!j.preemptible && q.quota[r] != Unlimited && q.allocNP[r] > q.quota[r]) {
-				s.rollback(cp)
-				return s.gates(j, req, true)
-			}
-		}
-	}
-	return ""
-}
-
 // placeSet places set on free capacity, all or nothing, or says why not.
+// The caller checked the set's gates; each pod of a gang is checked again
+// as it is added, on the queue's live allocation: the set's check priced a
+// memory fraction at the largest GPU's share, and one placed on a smaller
+// GPU takes more (a 40Gi pod on a 40Gi GPU takes 1, not 0.5), which the
+// pods after it must see. (Its own real share is checked where it is
+// placed: milliRoom.)
 func (s *session) placeSet(j *jobState, set []*podState, a Action) (bool, string) {
 	n := len(set)
 	cp := s.checkpoint()
 	placed, firstWhy := 0, ""
 	for _, p := range set {
-		pl, why := s.findPlace(p)
+		pl, why := (*plan)(nil), ""
+		if n > 1 {
+			why = s.gates(j, p.res, true)
+		}
+		if why == "" {
+			pl, why = s.findPlace(p)
+		}
 		if pl == nil {
 			if firstWhy == "" {
 				firstWhy = fmt.Sprintf("pod %s: %s", p.name, why)
@@ -368,9 +354,6 @@ func (s *session) placeSet(j *jobState, set []*podState, a Action) (bool, string
 		placed++
 	}
 	if placed == n {
-		if why := s.gatesAfter(j, set, cp); why != "" {
-			return false, why
-		}
 		return true, ""
 	}
 	s.rollback(cp)
