@@ -264,9 +264,12 @@ func (s *session) holdFreed(cp int) {
 		milli, mem int64
 		sharing    Sharing // the victims'
 	}
+	end := len(s.log)
+	if !slices.ContainsFunc(s.log[cp:end], func(o op) bool { return !o.attach && o.node != nil }) {
+		return // the plan evicted nothing: nothing to hold
+	}
 	gpus := map[gpuKey]*left{}
 	host := map[*nodeState]*[2]int64{}
-	end := len(s.log)
 	for i := cp; i < end; i++ {
 		o := &s.log[i]
 		if o.node == nil {
