@@ -7,7 +7,7 @@ COMMANDS := $(notdir $(wildcard cmd/*))
 # Go test timeout: the integration packages start a real control plane.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: all build test unit lint controlplane scenarios clean generate scale demo helm chart-sync chart-check
+.PHONY: real-gpu all build test unit lint controlplane scenarios clean generate scale demo helm chart-sync chart-check
 
 all: build
 
@@ -50,6 +50,12 @@ generate:
 # ceiling, in one run. Takes minutes and the whole machine; not part of `test`.
 scale: controlplane
 	TESSERA_SCALE=1 TESSERA_BIN_DIR=$$(hack/build-controlplane.sh) $(GO) test -count=1 -timeout 60m -v -run TestScale ./test/scale/ 2>&1 | grep -E '^(=== RUN|--- |\s+scale_test.go|ok|FAIL|PASS)'
+
+# The real-GPU checks (test/realgpu/README.md): NVML, MPS limits seen by a CUDA
+# program, time-slicing, CDI against the installed driver. They change GPU
+# state, so they need root, an idle GPU and nvcc; not part of `test`.
+real-gpu:
+	TESSERA_REAL_GPU=1 $(GO) test -count=1 -v ./test/realgpu/ ./gpu/ -run 'Test(InventoryAndSlice|MPSEnforcesClaimLimits|TimeSlicing|CDISpecAgainstDriver|Health|RealNVML)$$'
 
 # helm, built from its Go module (hack/tools/helm) and cached under _cache/.
 helm:

@@ -164,6 +164,11 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	}
 	var mps *sharing.MPSManager
 	if opts.MPS != nil {
+		// A root too long for the daemons' sockets fails here, at start, and
+		// not at the first MPS claim.
+		if err := sharing.CheckRoot(opts.MPS.Root); err != nil {
+			return nil, err
+		}
 		mps = sharing.NewMPSManager(opts.Inventory, *opts.MPS)
 	}
 	d.sharing = sharing.NewManager(opts.Inventory, mps)

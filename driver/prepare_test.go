@@ -32,7 +32,7 @@ func newUnitDriver(t *testing.T, profile string) (*Driver, string) {
 	devs, err := f.Devices()
 	require.NoError(t, err)
 	control, record := drivertest.MPSStandIn(t, dir)
-	mps := sharing.NewMPSManager(f, sharing.MPSOptions{Control: control, Root: filepath.Join(dir, "mps"), Env: []string{drivertest.RecordEnv + "=" + record}})
+	mps := sharing.NewMPSManager(f, sharing.MPSOptions{Control: control, Root: drivertest.ShortTempDir(t), Env: []string{drivertest.RecordEnv + "=" + record}})
 	w, err := cdi.New(cdi.Options{Root: filepath.Join(dir, "cdi"), Fake: true})
 	require.NoError(t, err)
 	d := &Driver{

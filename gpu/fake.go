@@ -301,11 +301,28 @@ func (f *Fake) wireDevice(i int, d *server.Device) {
 		}
 		return nvmlPciInfo(g.busID, g.config.PciDeviceId), nvml.SUCCESS
 	}
+	// Like a current driver on a whole GPU: no attributes (those are for MIG
+	// devices), the SM count only through the core count. A compute
+	// capability whose cores per SM are unknown answers as older drivers
+	// did, so a custom profile's count still comes through.
+	perSM := coresPerSM(int(g.config.CudaMajor), int(g.config.CudaMinor))
 	d.GetAttributesFunc = func() (nvml.DeviceAttributes, nvml.Return) {
 		if f.lost(i) {
 			return nvml.DeviceAttributes{}, lost
 		}
+		if perSM > 0 {
+			return nvml.DeviceAttributes{}, nvml.ERROR_NOT_SUPPORTED
+		}
 		return nvml.DeviceAttributes{MultiprocessorCount: uint32(g.multiprocessors), MemorySizeMB: g.config.MemoryMB}, nvml.SUCCESS
+	}
+	d.GetNumGpuCoresFunc = func() (int, nvml.Return) {
+		if f.lost(i) {
+			return 0, lost
+		}
+		if perSM == 0 {
+			return 0, nvml.ERROR_NOT_SUPPORTED
+		}
+		return g.multiprocessors * perSM, nvml.SUCCESS
 	}
 	d.GetNumaNodeIdFunc = func() (int, nvml.Return) {
 		if f.lost(i) {

@@ -199,7 +199,7 @@ func (n *NVMLInventory) readDevice(h nvml.Device, index int) (Device, error) {
 		return d, nvmlErr(what("PCI info"), ret)
 	}
 	d.PCIBusID = pciBusID(pci)
-	d.Multiprocessors = multiprocessors(h, pci.PciDeviceId)
+	d.Multiprocessors = multiprocessors(h, pci.PciDeviceId, major, minor)
 	if n.opts.pcieRoot != nil {
 		d.PCIeRoot = n.opts.pcieRoot(d.PCIBusID)
 	}
@@ -221,8 +221,8 @@ func (n *NVMLInventory) readDevice(h nvml.Device, index int) (Device, error) {
 	return d, nil
 }
 
-// knownMultiprocessors backs up nvmlDeviceGetAttributes, which many drivers
-// only answer for MIG devices; keyed by PCI device ID.
+// knownMultiprocessors is the last resort for the SM count, keyed by PCI
+// device ID, for drivers that answer neither call below.
 var knownMultiprocessors = map[uint32]int{
 	0x20B010DE: 108, // A100-SXM4-40GB
 	0x20B210DE: 108, // A100-SXM4-80GB
@@ -232,16 +232,51 @@ var knownMultiprocessors = map[uint32]int{
 	0x233010DE: 132, // H100 SXM5 80GB
 	0x233110DE: 114, // H100 PCIe
 	0x233310DE: 132, // H200 SXM5 141GB
+	0x233510DE: 132, // H200 (seen on a real H200, driver 580)
 	0x27B810DE: 58,  // L4
 	0x26B910DE: 142, // L40S
 	0x2B0010DE: 148, // B200
 }
 
-func multiprocessors(h nvml.Device, pciDeviceID uint32) int {
+// multiprocessors is the GPU's SM count. nvmlDeviceGetAttributes answers it
+// only for MIG devices on current drivers (a real H200 on driver 580 says
+// NOT_SUPPORTED), so the count is also derived from the CUDA core count, which
+// every supported GPU reports, and the cores per SM of its compute capability.
+func multiprocessors(h nvml.Device, pciDeviceID uint32, ccMajor, ccMinor int) int {
 	if attrs, ret := h.GetAttributes(); ret == nvml.SUCCESS && attrs.MultiprocessorCount > 0 {
 		return int(attrs.MultiprocessorCount)
 	}
+	if cores, ret := h.GetNumGpuCores(); ret == nvml.SUCCESS && cores > 0 {
+		if per := coresPerSM(ccMajor, ccMinor); per > 0 && cores%per == 0 {
+			return cores / per
+		}
+	}
 	return knownMultiprocessors[pciDeviceID] // 0 when unknown
+}
+
+// coresPerSM is the number of FP32 CUDA cores in one SM of a compute
+// capability (CUDA's own table: the CUDA programming guide, "Arithmetic
+// Instructions"); 0 when unknown, so no SM count is guessed.
+func coresPerSM(major, minor int) int {
+	switch {
+	case major == 3:
+		return 192
+	case major == 5:
+		return 128
+	case major == 6 && minor == 0:
+		return 64
+	case major == 6:
+		return 128
+	case major == 7:
+		return 64
+	case major == 8 && minor == 0:
+		return 64
+	case major == 8:
+		return 128
+	case major == 9, major == 10, major == 12:
+		return 128
+	}
+	return 0
 }
 
 func archName(a nvml.DeviceArchitecture) string {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -27,6 +28,7 @@ func TestRealNVML(t *testing.T) {
 		assert.Regexp(t, `^GPU-`, d.UUID)
 		assert.NotEmpty(t, d.ProductName)
 		assert.NotZero(t, d.MemoryBytes)
+		assert.Positive(t, d.Multiprocessors, "SM count: published as the multiprocessors attribute")
 		assert.Regexp(t, `^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`, d.PCIBusID)
 		assert.NotEmpty(t, d.NVLinkDomain)
 	}
@@ -63,4 +65,38 @@ func TestXIDs(t *testing.T) {
 	assert.True(t, IsCriticalXID(48))
 	assert.Equal(t, "XID 79: GPU has fallen off the bus", XIDReason(79))
 	assert.Equal(t, "XID 1234: critical GPU error", XIDReason(1234))
+}
+
+// TestMultiprocessors covers the three sources of the SM count, in order: a
+// real H200 on driver 580 answers only the core count.
+func TestMultiprocessors(t *testing.T) {
+	const h200 = 0x233510DE
+	tests := []struct {
+		name     string
+		attrs    nvml.Return
+		cores    int
+		coresRet nvml.Return
+		pciID    uint32
+		cc       [2]int
+		want     int
+	}{
+		{"attributes answer", nvml.SUCCESS, 0, nvml.ERROR_NOT_SUPPORTED, 0, [2]int{9, 0}, 77},
+		{"core count, Hopper", nvml.ERROR_NOT_SUPPORTED, 132 * 128, nvml.SUCCESS, 0, [2]int{9, 0}, 132},
+		{"core count, A100 (64 per SM)", nvml.ERROR_NOT_SUPPORTED, 108 * 64, nvml.SUCCESS, 0, [2]int{8, 0}, 108},
+		{"core count, Ada (128 per SM)", nvml.ERROR_NOT_SUPPORTED, 58 * 128, nvml.SUCCESS, 0, [2]int{8, 9}, 58},
+		{"core count not a multiple: table", nvml.ERROR_NOT_SUPPORTED, 1000, nvml.SUCCESS, h200, [2]int{9, 0}, 132},
+		{"unknown capability: table", nvml.ERROR_NOT_SUPPORTED, 4096, nvml.SUCCESS, h200, [2]int{11, 0}, 132},
+		{"nothing answers, unknown ID", nvml.ERROR_NOT_SUPPORTED, 0, nvml.ERROR_NOT_SUPPORTED, 0x1, [2]int{9, 0}, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &mock.Device{
+				GetAttributesFunc: func() (nvml.DeviceAttributes, nvml.Return) {
+					return nvml.DeviceAttributes{MultiprocessorCount: 77}, tc.attrs
+				},
+				GetNumGpuCoresFunc: func() (int, nvml.Return) { return tc.cores, tc.coresRet },
+			}
+			assert.Equal(t, tc.want, multiprocessors(d, tc.pciID, tc.cc[0], tc.cc[1]))
+		})
+	}
 }

@@ -40,6 +40,41 @@ const (
 	PIDFile = "nvidia-cuda-mps-control.pid"
 )
 
+// The control daemon binds Unix sockets in its pipe directory ("control",
+// and the longest, "control_privileged", as seen on driver 580). A socket
+// path holds at most 107 bytes on Linux, and a longer one makes `-d` exit 1
+// with nothing in its logs, so the length is checked before starting.
+const (
+	maxSocketPath = 107
+	longestSocket = "control_privileged"
+	// uuidLen is the length of a GPU UUID ("GPU-" and 36).
+	uuidLen = 40
+)
+
+// MaxRootLen is the longest MPS root (--mps-root) whose per-GPU pipe
+// directories still hold the daemon's sockets.
+const MaxRootLen = maxSocketPath - len("/"+longestSocket) - len("/pipe") - 1 - uuidLen
+
+// CheckRoot says whether root is short enough for the MPS daemons' sockets.
+func CheckRoot(root string) error {
+	if root == "" {
+		root = DefaultMPSRoot
+	}
+	if len(root) > MaxRootLen {
+		return fmt.Errorf("MPS root %s is %d characters long: at most %d fit, because the MPS daemon's sockets (<root>/<GPU UUID>/pipe/%s) must stay within the %d characters of a Unix socket path; use a shorter --mps-root",
+			root, len(root), MaxRootLen, longestSocket, maxSocketPath)
+	}
+	return nil
+}
+
+func checkPipeDir(dir string) error {
+	if n := len(dir) + len("/"+longestSocket); n > maxSocketPath {
+		return fmt.Errorf("MPS pipe directory %s is too long: its socket %s would be %d characters, over the %d of a Unix socket path; use a shorter --mps-root (at most %d characters)",
+			dir, longestSocket, n, maxSocketPath, MaxRootLen)
+	}
+	return nil
+}
+
 // MPSOptions configure an MPSManager.
 type MPSOptions struct {
 	// Control is the control program, a name looked up on PATH or a path;
@@ -159,6 +194,9 @@ func (m *MPSManager) Acquire(ctx context.Context, claimUID, gpuUUID string) (MPS
 		return d.info(), nil
 	}
 	d := &mpsDaemon{uuid: gpuUUID, pipeDir: m.PipeDir(gpuUUID), logDir: m.LogDir(gpuUUID), claims: map[string]struct{}{claimUID: {}}}
+	if err := checkPipeDir(d.pipeDir); err != nil {
+		return MPSDaemon{}, fmt.Errorf("MPS on GPU %s: %w", gpuUUID, err)
+	}
 	if err := m.inv.SetComputeMode(gpuUUID, gpu.ComputeModeExclusiveProcess); err != nil {
 		return MPSDaemon{}, fmt.Errorf("MPS on GPU %s: setting compute mode EXCLUSIVE_PROCESS: %w", gpuUUID, err)
 	}
@@ -282,11 +320,11 @@ func (m *MPSManager) start(ctx context.Context, d *mpsDaemon) error {
 	// reach the daemon.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("MPS on GPU %s: %s -d: %w (see %s)", d.uuid, control, err, out.Name())
+		return fmt.Errorf("MPS on GPU %s: %s -d: %w%s (see %s)", d.uuid, control, err, logTail(out.Name()), out.Name())
 	}
 	pid, err := waitPID(ctx, pidPath)
 	if err != nil {
-		return fmt.Errorf("MPS on GPU %s: daemon did not come up: %w (see %s)", d.uuid, err, d.logDir)
+		return fmt.Errorf("MPS on GPU %s: daemon did not come up: %w%s (see %s)", d.uuid, err, logTail(filepath.Join(d.logDir, "control.log")), d.logDir)
 	}
 	d.pid = pid
 	return nil
@@ -322,6 +360,23 @@ func (m *MPSManager) stop(ctx context.Context, d *mpsDaemon) error {
 		return nil
 	}
 	return fmt.Errorf("MPS on GPU %s: daemon %d does not exit", d.uuid, d.pid)
+}
+
+// logTail is the last lines of a daemon log, for an error message: what
+// the daemon said is usually the cause. Empty when there is nothing to show.
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) == 1 && lines[0] == "" {
+		return ""
+	}
+	if len(lines) > 3 {
+		lines = lines[len(lines)-3:]
+	}
+	return ": " + strings.Join(lines, " | ")
 }
 
 func readPID(path string) (int, error) {

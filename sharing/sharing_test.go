@@ -101,7 +101,11 @@ func newHarness(t *testing.T) *harness {
 	bin := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(bin, DefaultMPSControl), []byte(standIn), 0o755))
 	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
-	h := &harness{inv: newFakeInventory(), root: t.TempDir(), log: filepath.Join(t.TempDir(), "calls.log")}
+	// A short root, as the real daemon's sockets need (MaxRootLen).
+	root, err := os.MkdirTemp("", "mps")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(root) })
+	h := &harness{inv: newFakeInventory(), root: root, log: filepath.Join(t.TempDir(), "calls.log")}
 	h.opts = MPSOptions{Root: h.root, CheckInterval: 20 * time.Millisecond, Timeout: 5 * time.Second, Env: []string{"STANDIN_LOG=" + h.log}}
 	t.Cleanup(func() {
 		// Do not leave sleepers behind, whatever the test did.
@@ -365,4 +369,31 @@ func TestAlive(t *testing.T) {
 	assert.True(t, alive(os.Getpid()))
 	assert.False(t, alive(0))
 	assert.False(t, alive(-1))
+}
+
+// TestMPSRootLength: the daemon's sockets live below the root, and a path
+// over 107 characters makes `nvidia-cuda-mps-control -d` exit 1 with nothing
+// logged (seen on a real H200). The root is refused with the limit named,
+// before the GPU's compute mode is touched.
+func TestMPSRootLength(t *testing.T) {
+	const uuid = "GPU-9bd41c17-a9f7-92ee-d0c1-ba0606825ff1"
+	ok := "/" + strings.Repeat("r", MaxRootLen-1)
+	long := ok + "x"
+	assert.NoError(t, CheckRoot(ok))
+	assert.NoError(t, CheckRoot(""), "the default root")
+	err := CheckRoot(long)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "43 characters long: at most 42 fit")
+	assert.Contains(t, err.Error(), "--mps-root")
+	// The longest socket of the longest root that fits is exactly the limit.
+	assert.Len(t, filepath.Join(ok, uuid, "pipe", longestSocket), maxSocketPath)
+
+	h := newHarness(t)
+	h.opts.Root = long
+	m := NewMPSManager(h.inv, h.opts)
+	_, err = m.Acquire(context.Background(), "c1", uuid)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "Unix socket path")
+	assert.Empty(t, h.inv.calls, "compute mode changed for a daemon that cannot start")
+	assert.Empty(t, h.starts(t))
 }

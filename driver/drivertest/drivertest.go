@@ -43,6 +43,19 @@ fi
 exit 0
 `
 
+// ShortTempDir is a temporary directory with a short path (t.TempDir has the
+// test's name in it): Unix socket paths, the DRA plugin's and the MPS
+// daemon's below an MPS root, must stay within 107 characters.
+func ShortTempDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "tn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
 // MPSStandIn writes the stand-in as dir/nvidia-cuda-mps-control and returns
 // its path and the record file it appends to (through RecordEnv). Daemons
 // still running when the test ends are killed.

@@ -25,6 +25,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/tessera-gpu/tessera/driver/deviceclasses"
+	"github.com/tessera-gpu/tessera/driver/drivertest"
 	"github.com/tessera-gpu/tessera/test/controlplane"
 )
 
@@ -56,13 +57,7 @@ func cluster(t testing.TB) *controlplane.ControlPlane {
 
 // shortTempDir is a temp dir with a short path: unix socket paths are
 // limited to 108 bytes, and t.TempDir() paths carry the test name.
-func shortTempDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "tn")
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
+func shortTempDir(t testing.TB) string { return drivertest.ShortTempDir(t) }
 
 // kubelet plays the kubelet's side of a plugin: registration, then DRA calls.
 type kubelet struct {

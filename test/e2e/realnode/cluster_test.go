@@ -158,7 +158,7 @@ func setup(t *testing.T) *cluster {
 		t.Fatal(err)
 	}
 	_, c.mpsRecord = drivertest.MPSStandIn(t, standInDir)
-	mpsRoot := filepath.Join(dir, "mps")
+	mpsRoot := drivertest.ShortTempDir(t) // the MPS sockets' paths (sharing.MaxRootLen)
 	t.Cleanup(func() { killStandInDaemons(mpsRoot) })
 
 	agentAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
