@@ -268,6 +268,7 @@ func (s *session) holdFreed(cp int) {
 	if !slices.ContainsFunc(s.log[cp:end], func(o op) bool { return !o.attach && o.node != nil }) {
 		return // the plan evicted nothing: nothing to hold
 	}
+	s.holdLimits(cp, end)
 	gpus := map[gpuKey]*left{}
 	host := map[*nodeState]*[2]int64{}
 	for i := cp; i < end; i++ {
@@ -338,6 +339,58 @@ func (s *session) holdFreed(cp int) {
 				fr.GPUMilli, fr.Sharing = milli, sh
 			}
 			s.hold(fr, &plan{node: n, gpus: []int{gi}, milli: []int64{milli}, mem: []int64{mem}, sharing: sh}, o)
+		}
+	}
+}
+
+// holdLimits keeps the limit room that the plan logged in [cp, end) freed
+// and did not use until the end of the cycle, as holdFreed does capacity:
+// per queue, what its victims (its own and its descendants') held less what
+// the plan placed under it. Without it a pod of a later plan, with no
+// victims of its own and so no rule checked, could take room a reclaim
+// made under a common limited ancestor, past what the reclaim's rules
+// allowed its side (property seed 83499).
+func (s *session) holdLimits(cp, end int) {
+	var freed map[*queueState]*Resources
+	for i := cp; i < end; i++ {
+		o := &s.log[i]
+		if o.node == nil || o.pod.job.queue == nil {
+			continue
+		}
+		sign := int64(-1)
+		if !o.attach {
+			sign = 1
+		}
+		for q := o.pod.job.queue; q != s.root; q = q.parent {
+			if !q.limited {
+				continue
+			}
+			if freed == nil {
+				freed = map[*queueState]*Resources{}
+			}
+			f := freed[q]
+			if f == nil {
+				f = &Resources{}
+				freed[q] = f
+			}
+			addRes(f, o.res, sign)
+		}
+	}
+	// In queue order, so that the holds are the same on every run.
+	for _, q := range s.queues {
+		f := freed[q]
+		if f == nil {
+			continue
+		}
+		var h Resources
+		for r := range h {
+			if q.limit[r] != Unlimited && f[r] > 0 {
+				h[r] = f[r]
+			}
+		}
+		if h != (Resources{}) {
+			addRes(&q.heldLimit, h, 1)
+			s.limitHolds = append(s.limitHolds, limitHold{at: end, q: q, res: h})
 		}
 	}
 }
@@ -481,7 +534,13 @@ func (s *session) reclaimSetAt(j *jobState, set []*podState, explain bool) bool 
 	req := sumRes(set)
 	// Limits are not checked up front: victims under the same limited
 	// queue make room under it (placeEvicting checks as it goes).
-	if s.gates(j, req, false) != "" || !s.limitsRelievable(j, req, false) {
+	if s.gates(j, req, false) != "" {
+		return false
+	}
+	if !s.limitsRelievable(j, req, false) {
+		if explain {
+			s.explainHeld(j, req)
+		}
 		return false
 	}
 	R := j.queue
@@ -663,9 +722,15 @@ func (s *session) preempt() {
 				return fmt.Sprintf("preempted by job %s (priority %d) in queue %s", j.name, j.priority, j.queue.name)
 			},
 		}
-		for _, set := range l.list() {
+		for i, set := range l.list() {
 			req := sumRes(set)
-			if s.gates(j, req, false) != "" || !s.limitsRelievable(j, req, true) {
+			if s.gates(j, req, false) != "" {
+				continue
+			}
+			if !s.limitsRelievable(j, req, true) {
+				if i == 0 {
+					s.explainHeld(j, req)
+				}
 				continue
 			}
 			if s.placeSetEvicting(set, pol, func(int) bool {
@@ -686,6 +751,9 @@ func (s *session) preempt() {
 // the others for reclaim) must hold at least the excess. It spares the
 // eviction search when they cannot.
 func (s *session) limitsRelievable(j *jobState, req Resources, ownQueue bool) bool {
+	if s.heldBlocks(j, req) != nil {
+		return false
+	}
 	R := j.queue
 	for q := R; q != s.root; q = q.parent {
 		for r := range req {
@@ -708,9 +776,41 @@ func (s *session) limitsRelievable(j *jobState, req Resources, ownQueue bool) bo
 	return true
 }
 
+// heldBlocks returns the queue on j's path whose limit room held for this
+// cycle (holdLimits) req would need, or nil. Such a set waits for the next
+// cycle: the room is not free yet, and evicting more to make up for it would
+// take pods that waiting a cycle spares. Every set an evicting action
+// places passes here first (limitsRelievable), so the placements after it
+// need not count held room.
+func (s *session) heldBlocks(j *jobState, req Resources) *queueState {
+	for q := j.queue; q != s.root; q = q.parent {
+		for r := range req {
+			if req[r] > 0 && q.heldLimit[r] > 0 && q.limit[r] != Unlimited && q.allocated[r]+q.heldLimit[r]+req[r] > q.limit[r] {
+				return q
+			}
+		}
+	}
+	return nil
+}
+
+// explainHeld adds to the pods' reasons that j waits for limit room held
+// for this cycle, when it does.
+func (s *session) explainHeld(j *jobState, req Resources) {
+	q := s.heldBlocks(j, req)
+	if q == nil {
+		return
+	}
+	for _, p := range s.candidates(j) {
+		if p.reason != "" && !strings.Contains(p.reason, "free in the next cycle") {
+			p.reason += fmt.Sprintf("; the room under queue %s's limit that this cycle's evictions freed is free in the next cycle", q.name)
+		}
+	}
+}
+
 // withinLimitsWith says whether p's queues stay within their limits with p
 // added: free capacity does not help a queue at its limit, evicting its own
-// pods does.
+// pods does. (Room held for this cycle needs no check here: a set that
+// would need it is not tried, see heldBlocks.)
 func (s *session) withinLimitsWith(p *podState) bool {
 	for q := p.job.queue; q != s.root; q = q.parent {
 		for r := range p.res {

@@ -164,6 +164,11 @@ type queueState struct {
 	weight    Resources
 	allocated Resources // live
 	allocNP   Resources // live, non-preemptible jobs only
+	// heldLimit is limit room that evictions of an earlier plan in this
+	// cycle freed and that plan did not use: like the capacity of
+	// holdFreed, it is free only at the end of the cycle (see holdLimits).
+	heldLimit Resources
+	limited   bool      // some resource has a limit
 	pending   Resources // at the cycle's start
 	demand    Resources
 	fairShare Resources
@@ -221,8 +226,10 @@ type session struct {
 	// until something is freed, so the answer holds until then.
 	failCache map[string]failEntry
 	// heldJob owns the stand-ins of holdFreed: no queue, no decisions.
-	heldJob   *jobState
-	freeEpoch int
+	heldJob *jobState
+	// limitHolds are the heldLimit changes, undone by a rollback past them.
+	limitHolds []limitHold
+	freeEpoch  int
 	// searchLeft is what this cycle's gang searches may still spend, in
 	// node evaluations (searchJob).
 	searchLeft int
@@ -273,8 +280,21 @@ type failEntry struct {
 
 func (s *session) checkpoint() int { return len(s.log) }
 
+// limitHold is one addition to a queue's heldLimit, made when the log was
+// at length at.
+type limitHold struct {
+	at  int
+	q   *queueState
+	res Resources
+}
+
 // rollback undoes every operation after checkpoint cp, newest first.
 func (s *session) rollback(cp int) {
+	for len(s.limitHolds) > 0 && s.limitHolds[len(s.limitHolds)-1].at >= cp {
+		h := s.limitHolds[len(s.limitHolds)-1]
+		addRes(&h.q.heldLimit, h.res, -1)
+		s.limitHolds = s.limitHolds[:len(s.limitHolds)-1]
+	}
 	for i := len(s.log) - 1; i >= cp; i-- {
 		o := &s.log[i]
 		if o.attach {
@@ -538,6 +558,7 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 				return nil, fmt.Errorf("queue %q: %s: quota and limit must be ≥ -1 and weight ≥ 0", q.Name, Resource(r))
 			}
 			qs.quota[r], qs.limit[r], qs.weight[r] = qr.Quota, qr.Limit, qr.OverQuotaWeight
+			qs.limited = qs.limited || qr.Limit != Unlimited
 		}
 		s.queues = append(s.queues, qs)
 		s.queueByN[q.Name] = qs

@@ -38,17 +38,7 @@ const (
 // logged instead of failing the test, and a listed one that no longer
 // happens fails it, so the list cannot go stale: when a fix lands, remove
 // its entries.
-var propertyKnownIssues = map[string]string{
-	// Limit room that an eviction makes is not held to the end of the
-	// cycle (only capacity is): reclaim evicts q0a's gang to bring q0 under
-	// its limit for j3's second pod, and j3's third pod then takes the rest
-	// of that room on a free GPU, in a plan with no victims and so no rule
-	// check, ending R' (q0b) above its quota and fair share. Allocate places
-	// the same pod in the next cycle (q0 is then within its limit), so the
-	// end state is the same; holding limit room naively over-evicts (a later
-	// preemptor evicts to relieve room that comes back at the cycle's end).
-	"seed=83499/reclaim-rule": "limit room freed by reclaim's evictions used by the reclaimer's next pod in the same cycle",
-}
+var propertyKnownIssues = map[string]string{}
 
 // propertyRegressionSeeds always run too: seeds outside the default range
 // (from runs over seeds 3,001–60,000) that found core bugs, now fixed and
@@ -56,8 +46,10 @@ var propertyKnownIssues = map[string]string{
 // fraction past its queue's limit or quota: 5486, 9935, 28448, 29518,
 // 50041, 55979, 56169, 58230, frac-memory-gang-*-checked-on-real-shares; a
 // reclaim flap: 29804, reclaim-cpu-job-spares-gpu-within-quota; the
-// reprieve breaking reclaim's rules: 44619, reprieve-rechecks-reclaim-rules).
-var propertyRegressionSeeds = []uint64{5486, 9935, 28448, 29518, 29804, 44619, 50041, 55979, 56169, 58230}
+// reprieve breaking reclaim's rules: 44619, reprieve-rechecks-reclaim-rules;
+// limit room freed by reclaim used in the same cycle by a plan with no rule
+// checked: 83499, reclaim-limit-room-held-to-cycle-end).
+var propertyRegressionSeeds = []uint64{5486, 9935, 28448, 29518, 29804, 44619, 50041, 55979, 56169, 58230, 83499}
 
 // settleCycles: a scenario of at least this many cycles (and no arrivals:
 // every job is there from the start) must make no eviction in its last
