@@ -127,6 +127,7 @@ func (s *session) staleGangs() {
 	if s.cfg.StaleGangTimeout < 0 {
 		return
 	}
+	cp := s.checkpoint()
 	for _, j := range s.jobs {
 		if j.placed == 0 || j.placed >= j.minMember || j.belowSince.IsZero() || s.now.Sub(j.belowSince) < s.cfg.StaleGangTimeout {
 			continue
@@ -138,6 +139,11 @@ func (s *session) staleGangs() {
 			}
 		}
 	}
+	// An evicted pod frees its resources at the end of the cycle
+	// (SCENARIOS.md), and no plan placed anything onto these: they are
+	// held, capacity and limit room, so allocate gets them in the next
+	// cycle, in its job order, rather than in this one as binds that wait.
+	s.holdFreed(cp)
 }
 
 // allocate places pending jobs on free capacity; it never evicts. Gangs
