@@ -21,6 +21,12 @@ var applicationXIDs = map[uint64]bool{
 }
 
 var xidReasons = map[uint64]string{
+	13:  "graphics engine exception (an application's)",
+	31:  "GPU memory page fault (an application's)",
+	43:  "GPU stopped processing (an application's)",
+	45:  "preemptive cleanup (an application's)",
+	68:  "video processor exception (an application's)",
+	109: "context switch timeout (an application's)",
 	48:  "double-bit ECC error",
 	61:  "internal micro-controller breakpoint",
 	62:  "internal micro-controller halt",

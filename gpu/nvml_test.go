@@ -65,6 +65,11 @@ func TestXIDs(t *testing.T) {
 	assert.True(t, IsCriticalXID(48))
 	assert.Equal(t, "XID 79: GPU has fallen off the bus", XIDReason(79))
 	assert.Equal(t, "XID 1234: critical GPU error", XIDReason(1234))
+	// A real H200 reports a kernel's write to an unmapped address as XID 31.
+	assert.Equal(t, "XID 31: GPU memory page fault (an application's)", XIDReason(31))
+	for xid := range applicationXIDs {
+		assert.NotContains(t, XIDReason(xid), "critical", "XID %d", xid)
+	}
 }
 
 // TestMultiprocessors covers the three sources of the SM count, in order: a

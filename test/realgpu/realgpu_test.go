@@ -406,3 +406,57 @@ func TestHealth(t *testing.T) {
 		assert.True(t, ev.Healthy, "GPU %s reported unhealthy: %s", ev.UUID, ev.Reason)
 	}
 }
+
+// TestHealthIgnoresApplicationFault faults a kernel on purpose (a write to
+// an unmapped address): the driver reports an XID, which reaches NVML's
+// events, and the GPU must stay healthy and usable: one team's bug must not
+// take a shared GPU away from the others.
+func TestHealthIgnoresApplicationFault(t *testing.T) {
+	inv, g := realGPU(t)
+	bin := probeBinary(t)
+
+	// An event set of the test's own, to know that the fault reached NVML.
+	set, ret := inv.NVML().EventSetCreate()
+	require.Equal(t, nvml.SUCCESS, ret, nvml.ErrorString(ret))
+	defer set.Free()
+	h, ret := inv.NVML().DeviceGetHandleByUUID(g.UUID)
+	require.Equal(t, nvml.SUCCESS, ret, nvml.ErrorString(ret))
+	require.Equal(t, nvml.SUCCESS, h.RegisterEvents(nvml.EventTypeXidCriticalError, set))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	events := inv.Health(ctx)
+	time.Sleep(time.Second) // Health registers its own event set first
+
+	out, err := exec.Command(bin, "0", "0", "fault").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	t.Logf("faulting kernel: %s", strings.TrimSpace(string(out)))
+	assert.NotContains(t, string(out), `"no error"`, "the kernel did not fault")
+
+	var xid uint64
+	for deadline := time.Now().Add(10 * time.Second); xid == 0 && time.Now().Before(deadline); {
+		if e, ret := set.Wait(500); ret == nvml.SUCCESS && e.EventType == nvml.EventTypeXidCriticalError {
+			xid = e.EventData
+		}
+	}
+	require.NotZero(t, xid, "no XID event after a faulting kernel")
+	t.Logf("XID %d (%s)", xid, gpu.XIDReason(xid))
+	assert.False(t, gpu.IsCriticalXID(xid), "an application fault's XID %d counted as a GPU fault", xid)
+
+	// Whatever Health says in the next seconds, it must not be "unhealthy".
+	quiet := time.After(3 * time.Second)
+	for done := false; !done; {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				done = true
+				break
+			}
+			assert.True(t, ev.Healthy, "GPU %s reported unhealthy after an application fault: %s", ev.UUID, ev.Reason)
+		case <-quiet:
+			done = true
+		}
+	}
+	p := runProbe(t, os.Environ(), gib, 0)
+	assert.Equal(t, "no error", p.Alloc, "the GPU is not usable after the fault")
+}
