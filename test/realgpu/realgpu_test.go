@@ -229,8 +229,10 @@ func TestMPSEnforcesClaimLimits(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	mps := sharing.NewMPSManager(inv, sharing.MPSOptions{Root: drivertest.ShortTempDir(t), CheckInterval: 100 * time.Millisecond})
-	go mps.Supervise(ctx)
+	opts := sharing.MPSOptions{Root: drivertest.ShortTempDir(t), CheckInterval: 100 * time.Millisecond}
+	mps := sharing.NewMPSManager(inv, opts)
+	superviseCtx, stopSupervising := context.WithCancel(ctx)
+	go mps.Supervise(superviseCtx)
 	mgr := sharing.NewManager(inv, mps)
 	cdiRoot := t.TempDir()
 	w, err := cdi.New(cdi.Options{Root: cdiRoot})
@@ -310,6 +312,23 @@ func TestMPSEnforcesClaimLimits(t *testing.T) {
 		return ok && nd.PID != d.PID && mps.Restarts() == 1
 	}, 15*time.Second, 50*time.Millisecond, "MPS daemon not restarted")
 	t.Run("limits after a daemon restart", check)
+
+	// tessera-node restarts: its new manager, over the same root, adopts
+	// the running daemon (its pid file) instead of starting a second one,
+	// and replaying the claims changes nothing for their clients.
+	running, _ := mps.Daemon(g.UUID)
+	stopSupervising()
+	mps = sharing.NewMPSManager(inv, opts)
+	go mps.Supervise(ctx)
+	mgr = sharing.NewManager(inv, mps)
+	for _, c := range claims {
+		_, err := mgr.Prepare(ctx, c.uid, g.UUID, mpsConfig(c.percent))
+		require.NoError(t, err, c.uid)
+	}
+	adopted, ok := mps.Daemon(g.UUID)
+	require.True(t, ok)
+	assert.Equal(t, running.PID, adopted.PID, "a second daemon was started")
+	t.Run("limits after tessera-node restarts", check)
 
 	require.NoError(t, mgr.Unprepare(ctx, "claim-a", g.UUID))
 	assert.Equal(t, 1, mps.Daemons(), "the daemon stays while claim-b holds the GPU")
