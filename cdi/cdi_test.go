@@ -21,20 +21,10 @@ func h100(i int) gpu.Device {
 	return gpu.Device{UUID: "GPU-0000000" + string(rune('0'+i)) + "-aaaa-bbbb-cccc-dddddddddddd", Index: i, MemoryBytes: 80 * gib}
 }
 
-func mpsConfig(percent int32) *v1alpha1.GpuConfig {
-	c := v1alpha1.NewGpuConfig(v1alpha1.MPS)
-	if percent > 0 {
-		c.Sharing.MPS = &v1alpha1.MPSConfig{ComputePercent: &percent}
-	}
-	c.Default()
-	return c
-}
-
-func tsConfig(iv v1alpha1.TimeSliceInterval) *v1alpha1.GpuConfig {
-	c := v1alpha1.NewGpuConfig(v1alpha1.TimeSlicing)
-	c.Sharing.TimeSlicing = &v1alpha1.TimeSlicingConfig{Interval: iv}
-	return c
-}
+var (
+	mpsConfig = v1alpha1.NewMPSConfig
+	tsConfig  = v1alpha1.NewTimeSlicingConfig
+)
 
 // inject applies CDI devices to an empty OCI spec through the library, as
 // containerd would, and returns the container's env as a map.

@@ -292,11 +292,7 @@ func TestManager(t *testing.T) {
 	m := NewManager(h.inv, mps)
 	ctx := context.Background()
 	mpsCfg := v1alpha1.NewGpuConfig(v1alpha1.MPS)
-	ts := func(iv v1alpha1.TimeSliceInterval) *v1alpha1.GpuConfig {
-		c := v1alpha1.NewGpuConfig(v1alpha1.TimeSlicing)
-		c.Sharing.TimeSlicing = &v1alpha1.TimeSlicingConfig{Interval: iv}
-		return c
-	}
+	ts := v1alpha1.NewTimeSlicingConfig
 
 	// Exclusive: nothing to enforce.
 	p, err := m.Prepare(ctx, "excl", gpu1, nil)

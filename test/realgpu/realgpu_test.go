@@ -212,14 +212,7 @@ func computeMode(t *testing.T, inv *gpu.NVMLInventory, uuid string) nvml.Compute
 	return m
 }
 
-func mpsConfig(percent int32) *v1alpha1.GpuConfig {
-	c := v1alpha1.NewGpuConfig(v1alpha1.MPS)
-	if percent > 0 {
-		c.Sharing.MPS = &v1alpha1.MPSConfig{ComputePercent: &percent}
-	}
-	c.Default()
-	return c
-}
+var mpsConfig = v1alpha1.NewMPSConfig
 
 func TestMPSEnforcesClaimLimits(t *testing.T) {
 	inv, g := realGPU(t)
@@ -364,11 +357,7 @@ func TestTimeSlicing(t *testing.T) {
 	inv, g := realGPU(t)
 	mgr := sharing.NewManager(inv, nil)
 	ctx := context.Background()
-	cfg := func(iv v1alpha1.TimeSliceInterval) *v1alpha1.GpuConfig {
-		c := v1alpha1.NewGpuConfig(v1alpha1.TimeSlicing)
-		c.Sharing.TimeSlicing = &v1alpha1.TimeSlicingConfig{Interval: iv}
-		return c
-	}
+	cfg := v1alpha1.NewTimeSlicingConfig
 	t.Cleanup(func() { _ = inv.SetTimeSlice(g.UUID, gpu.TimeSliceDefault) })
 
 	_, err := mgr.Prepare(ctx, "ts-1", g.UUID, cfg(v1alpha1.IntervalShort))

@@ -214,3 +214,16 @@ func TestDeepCopy(t *testing.T) {
 	assert.Nil(t, (*GpuConfig)(nil).DeepCopy())
 	var _ runtime.Object = c
 }
+
+func TestConstructors(t *testing.T) {
+	m := NewMPSConfig(30)
+	require.NoError(t, m.Validate())
+	assert.Equal(t, int32(30), m.ComputePercent())
+	assert.Equal(t, int32(0), NewMPSConfig(0).ComputePercent(), "0 follows the memory share")
+	require.NoError(t, NewMPSConfig(0).Validate())
+	ts := NewTimeSlicingConfig(IntervalLong)
+	require.NoError(t, ts.Validate())
+	assert.Equal(t, TimeSlicing, ts.Strategy())
+	assert.Equal(t, IntervalLong, ts.Interval())
+	assert.Equal(t, IntervalDefault, NewTimeSlicingConfig("").Interval())
+}

@@ -103,6 +103,26 @@ func NewGpuConfig(strategy SharingStrategy) *GpuConfig {
 	}
 }
 
+// NewMPSConfig returns a defaulted MPS GpuConfig. A computePercent of 0
+// leaves the SM share to follow the claim's share of the GPU's memory.
+func NewMPSConfig(computePercent int32) *GpuConfig {
+	c := NewGpuConfig(MPS)
+	if computePercent > 0 {
+		c.Sharing.MPS = &MPSConfig{ComputePercent: &computePercent}
+	}
+	c.Default()
+	return c
+}
+
+// NewTimeSlicingConfig returns a defaulted TimeSlicing GpuConfig with the
+// given interval (empty: Default).
+func NewTimeSlicingConfig(interval TimeSliceInterval) *GpuConfig {
+	c := NewGpuConfig(TimeSlicing)
+	c.Sharing.TimeSlicing = &TimeSlicingConfig{Interval: interval}
+	c.Default()
+	return c
+}
+
 // DefaultGpuConfig is the config of a device that has none: exclusive.
 func DefaultGpuConfig() *GpuConfig {
 	c := NewGpuConfig(Exclusive)
