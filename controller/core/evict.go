@@ -245,6 +245,21 @@ func (s *session) placeEvicting(p *podState, pol *evictPolicy) bool {
 	return true
 }
 
+// commitPlan ends the evicting plan that began at cp: its decisions share a
+// plan number (Bind.Plan, Eviction.Plan), and what its victims freed and it
+// did not use is held to the end of the cycle.
+func (s *session) commitPlan(cp int) {
+	s.planStarts = append(s.planStarts, cp)
+	s.holdFreed(cp)
+}
+
+// planOf is the number of the plan that logged operation i: 1, 2, … in
+// commit order, 0 outside any plan (stale gangs, allocate).
+func (s *session) planOf(i int) int {
+	n, _ := slices.BinarySearch(s.planStarts, i+1)
+	return n
+}
+
 // holdFreed keeps what the plan logged since cp evicted or moved away and
 // did not use taken until the end of the cycle: SCENARIOS.md frees an
 // evicted pod's resources at the end of the cycle, and only the plan that
@@ -416,7 +431,7 @@ func (s *session) placeSetEvicting(set []*podState, pol *evictPolicy, after func
 		s.rollback(cp)
 		return false
 	}
-	s.holdFreed(cp)
+	s.commitPlan(cp)
 	return true
 }
 
@@ -582,7 +597,7 @@ func (s *session) reclaimSetAt(j *jobState, set []*podState, explain bool) bool 
 		}
 		addRes(&remaining, p.res, -1)
 	}
-	s.holdFreed(cp)
+	s.commitPlan(cp)
 	return true
 }
 

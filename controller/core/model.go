@@ -349,6 +349,11 @@ type Bind struct {
 	// adapter binds them once the victims are gone, and gives that capacity
 	// to nobody else meanwhile.
 	Pipelined bool
+	// Plan numbers the evicting plan (consolidate, reclaim or preempt) that
+	// made the decision, 1, 2, … in the order the plans were committed; 0
+	// for allocate and stale-gang evictions. A plan's binds and evictions
+	// go together: the victims were taken for those pods.
+	Plan int
 }
 
 // Eviction removes a placed pod.
@@ -362,6 +367,8 @@ type Eviction struct {
 	// MoveTo is set when consolidation moves the pod: it is to be re-placed
 	// there (a pipelined placement).
 	MoveTo *Placement
+	// Plan is as in Bind.
+	Plan int
 }
 
 // PendingPod is a pod left pending and why.

@@ -73,7 +73,7 @@ func (s *session) result(res *Result) {
 			// Evicted and put back within one plan: no decision.
 		case wasPlaced:
 			d := &s.log[p.lastDetach]
-			ev := Eviction{Pod: p.name, Job: p.job.name, Node: p.origNode.name, Action: d.action, Reason: d.reason}
+			ev := Eviction{Pod: p.name, Job: p.job.name, Node: p.origNode.name, Action: d.action, Reason: d.reason, Plan: s.planOf(p.lastDetach)}
 			if p.node != nil {
 				pl := s.export(p)
 				ev.MoveTo = &pl
@@ -81,7 +81,7 @@ func (s *session) result(res *Result) {
 			p.origNode.evicted = true
 			res.Evictions = append(res.Evictions, ev)
 		case p.node != nil:
-			res.Binds = append(res.Binds, Bind{Pod: p.name, Job: p.job.name, Placement: s.export(p), Action: o.action})
+			res.Binds = append(res.Binds, Bind{Pod: p.name, Job: p.job.name, Placement: s.export(p), Action: o.action, Plan: s.planOf(p.lastOp)})
 			bound = append(bound, p)
 		}
 	}

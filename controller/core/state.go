@@ -229,6 +229,9 @@ type session struct {
 	heldJob *jobState
 	// limitHolds are the heldLimit changes, undone by a rollback past them.
 	limitHolds []limitHold
+	// planStarts are the log positions where the committed evicting plans
+	// began, in order (commitPlan).
+	planStarts []int
 	freeEpoch  int
 	// searchLeft is what this cycle's gang searches may still spend, in
 	// node evaluations (searchJob).
@@ -294,6 +297,9 @@ func (s *session) rollback(cp int) {
 		h := s.limitHolds[len(s.limitHolds)-1]
 		addRes(&h.q.heldLimit, h.res, -1)
 		s.limitHolds = s.limitHolds[:len(s.limitHolds)-1]
+	}
+	for len(s.planStarts) > 0 && s.planStarts[len(s.planStarts)-1] >= cp {
+		s.planStarts = s.planStarts[:len(s.planStarts)-1]
 	}
 	for i := len(s.log) - 1; i >= cp; i-- {
 		o := &s.log[i]

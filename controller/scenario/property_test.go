@@ -798,7 +798,7 @@ func (ck *propChecker) checkCycle(before, after map[string]podView, res *core.Re
 	// 1–5 on the state the cycle ends in.
 	ck.checkState(after, "at the cycle's end")
 
-	ck.checkReclaimRule(after, res)
+	ck.checkReclaimRule(before, res)
 	ck.checkHeld(before, res)
 
 	// 9: fair share, on the snapshot the cycle saw (stale-gang evictions
@@ -941,39 +941,88 @@ func (ck *propChecker) checkHeld(before map[string]podView, res *core.Result) {
 	}
 }
 
-// checkReclaimRule is DESIGN.md's reclaim rule, on the cycles where it can
-// be read off the end state: every eviction is a reclaim for one job X, of
-// pods of one queue V, and every other decision is an allocate bind (made
-// before reclaim) or a bind of X. Then the end state is the state right
-// after X's plan, and with A the lowest common ancestor of R (X's queue) and
-// V, and R', V' A's children towards them, the plan needs, against the fair
-// shares of the cycle's start: R and R' within their fair shares and V' at
-// or above its own, or R and R' within their quotas and V' at or above its
-// quota (-1: R within, V' never "at or above"). Which resources the rule
-// weighs is the core's reading (the GPU for a GPU job, ...), so a violation
-// is only reported when it fails on every resource X asks for. With several
-// plans in a cycle the end state is not any plan's "after", which is why the
-// rule is not checked there.
-func (ck *propChecker) checkReclaimRule(after map[string]podView, res *core.Result) {
+// checkReclaimRule is DESIGN.md's reclaim rule, checked on the state right
+// after each reclaim plan of the cycle. The decisions carry their plan's
+// number (Bind.Plan, Eviction.Plan; 0 for allocate and stale gangs, which
+// come first), so that state is the cycle's start with plan 0's decisions
+// and then each plan's, in order, applied: evicted pods leave, bound and
+// moved pods take their places. A reclaim plan is for one job X (the job its
+// reasons name), and for each queue V it took pods of, with A the lowest
+// common ancestor of R (X's queue) and V, and R', V' A's children towards
+// them, it needs, against the fair shares of the cycle's start: R and R'
+// within their fair shares and V' at or above its own, or R and R' within
+// their quotas and V' at or above its quota (-1: R within, V' never "at or
+// above"). Which resources the rule weighs is the core's reading (the GPU
+// for a GPU job, ...), so a violation is only reported when it fails on
+// every resource X asks for.
+func (ck *propChecker) checkReclaimRule(before map[string]podView, res *core.Result) {
 	if len(res.Evictions) == 0 {
 		return
 	}
-	var X *pgJob
-	var V *pgQueue
+	view := make(map[string]podView, len(before))
+	for k, v := range before {
+		view[k] = v
+	}
+	last := 0
 	for _, e := range res.Evictions {
-		p := ck.pods[e.Pod]
-		m := reasonJob.FindStringSubmatch(e.Reason)
-		if e.Action != core.ActionReclaim || p == nil || m == nil || ck.jobs[m[1]] == nil ||
-			(X != nil && ck.jobs[m[1]] != X) || (V != nil && p.job.queue != V) {
-			return
-		}
-		X, V = ck.jobs[m[1]], p.job.queue
+		last = max(last, e.Plan)
 	}
 	for _, b := range res.Binds {
-		if b.Action != core.ActionAllocate && (b.Action != core.ActionReclaim || b.Job != X.name) {
-			return
+		last = max(last, b.Plan)
+	}
+	for plan := 0; plan <= last; plan++ {
+		var X *pgJob
+		var victims []*pgQueue
+		reclaim, mixed := false, false
+		for _, e := range res.Evictions {
+			if e.Plan != plan {
+				continue
+			}
+			if e.MoveTo != nil {
+				view[e.Pod] = podView{state: StateNominated, node: e.MoveTo.Node, gpus: slices.Clone(e.MoveTo.GPUs), milli: slices.Clone(e.MoveTo.GPUMilli)}
+			} else {
+				view[e.Pod] = podView{state: StatePending}
+			}
+			p := ck.pods[e.Pod]
+			m := reasonJob.FindStringSubmatch(e.Reason)
+			if e.Action != core.ActionReclaim || p == nil || m == nil || ck.jobs[m[1]] == nil || (X != nil && ck.jobs[m[1]] != X) {
+				mixed = true
+				continue
+			}
+			reclaim, X = true, ck.jobs[m[1]]
+			if !slices.Contains(victims, p.job.queue) {
+				victims = append(victims, p.job.queue)
+			}
+		}
+		for _, b := range res.Binds {
+			if b.Plan != plan {
+				continue
+			}
+			st := StateBound
+			if b.Pipelined {
+				st = StateNominated
+			}
+			view[b.Pod] = podView{state: st, node: b.Placement.Node, gpus: slices.Clone(b.Placement.GPUs), milli: slices.Clone(b.Placement.GPUMilli)}
+			if plan > 0 && (X == nil || b.Job != X.name || b.Action != core.ActionReclaim) {
+				mixed = true
+			}
+		}
+		if plan == 0 || !reclaim {
+			continue
+		}
+		if mixed {
+			ck.bad("reclaim-rule", "plan %d mixes decisions: reclaim evictions for job %s with other evictions or other jobs' binds", plan, X.name)
+			continue
+		}
+		for _, V := range victims {
+			ck.reclaimRuleHolds(view, res, X, V)
 		}
 	}
+}
+
+// reclaimRuleHolds checks the rule for X's plan that took pods of V, on the
+// state right after the plan.
+func (ck *propChecker) reclaimRuleHolds(view map[string]podView, res *core.Result, X *pgJob, V *pgQueue) {
 	R := X.queue
 	if R == V {
 		return // reported as an eviction
@@ -987,7 +1036,7 @@ func (ck *propChecker) checkReclaimRule(after map[string]podView, res *core.Resu
 		i++
 	}
 	Rp, Vp := rc[i], vc[i]
-	alloc := ck.allocation(after, false)
+	alloc := ck.allocation(view, false)
 	var asked [3]bool
 	for _, p := range X.pods {
 		asked[pgGPU] = asked[pgGPU] || p.whole > 0 || p.fraction()
