@@ -8,6 +8,7 @@ package scenario
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -134,6 +135,10 @@ type pgGen struct {
 	maxGPUMe int64
 	nodeYAML []string
 	jobYAML  []string
+	// reclaimy biases the draws towards reclaim (TESSERA_PROPERTY_MODE=
+	// reclaim): more top-level queues, preemptible jobs running more often.
+	// The default draws, and so the default seeds' scenarios, do not change.
+	reclaimy bool
 }
 
 func (g *pgGen) pick(xs ...int) int        { return xs[g.r.IntN(len(xs))] }
@@ -151,6 +156,10 @@ func (g *pgGen) shuffledNodes() []*pgNode {
 func generateProperty(seed uint64) *pgScenario {
 	g := &pgGen{r: rand.New(rand.NewPCG(seed, 0x7e55e7a)), use: map[string][]pgGPUUse{}, cpuUsed: map[string]int64{}, memUsed: map[string]int64{}}
 	sc := &pgScenario{seed: seed, name: fmt.Sprintf("property-%d", seed)}
+	if os.Getenv("TESSERA_PROPERTY_MODE") == "reclaim" {
+		g.reclaimy = true
+		sc.name = fmt.Sprintf("property-reclaim-%d", seed)
+	}
 	g.sc = sc
 	// Half the scenarios run long enough for the settling check.
 	if g.chance(0.5) {
@@ -268,7 +277,11 @@ func (g *pgGen) genQueues() {
 			}
 		}
 	}
-	for k := 0; k < g.between(1, 3); k++ {
+	lo := 1
+	if g.reclaimy {
+		lo = 2
+	}
+	for k := 0; k < g.between(lo, 3); k++ {
 		add(nil, fmt.Sprintf("q%d", k), 1)
 	}
 }
@@ -452,7 +465,11 @@ func (g *pgGen) genJobs() {
 		g.sc.jobs = append(g.sc.jobs, j)
 		// Preemptible jobs start running more often, so that reclaim,
 		// preempt and consolidate have victims.
-		running := g.chance(map[bool]float64{true: 0.65, false: 0.35}[j.preempt]) && g.placeRunning(j)
+		pRun := map[bool]float64{true: 0.65, false: 0.35}[j.preempt]
+		if g.reclaimy {
+			pRun = map[bool]float64{true: 0.9, false: 0.2}[j.preempt]
+		}
+		running := g.chance(pRun) && g.placeRunning(j)
 
 		var b strings.Builder
 		fmt.Fprintf(&b, "- %s\n  pods:\n", strings.Join(head, "\n  "))
