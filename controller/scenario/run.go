@@ -165,6 +165,16 @@ func (r *runner) fillPlacement(p *Pod, pl core.Placement) core.Placement {
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
+// actionLabel names a decision's action in the trace, with its plan's
+// number when an evicting plan made it, so that a plan's evictions and binds
+// can be read together.
+func actionLabel(a core.Action, plan int) string {
+	if plan == 0 {
+		return string(a)
+	}
+	return fmt.Sprintf("%s plan %d", a, plan)
+}
+
 func (r *runner) tracef(format string, args ...any) {
 	if r.opts.Trace != nil {
 		fmt.Fprintf(r.opts.Trace, format, args...)
@@ -276,9 +286,9 @@ func (r *runner) cycle(c int, now time.Time) error {
 		}
 		r.evicted[p.job.Name]++
 		if e.MoveTo != nil {
-			r.tracef("  move     %s %s → %s (%s): %s\n", e.Pod, placementString(p.place), placementString(*e.MoveTo), e.Action, e.Reason)
+			r.tracef("  move     %s %s → %s (%s): %s\n", e.Pod, placementString(p.place), placementString(*e.MoveTo), actionLabel(e.Action, e.Plan), e.Reason)
 		} else {
-			r.tracef("  evict    %s on %s (%s): %s\n", e.Pod, placementString(p.place), e.Action, e.Reason)
+			r.tracef("  evict    %s on %s (%s): %s\n", e.Pod, placementString(p.place), actionLabel(e.Action, e.Plan), e.Reason)
 		}
 		if e.MoveTo != nil {
 			moving = append(moving, &simPod{job: p.job, spec: p.spec, state: "moving", place: p.place})
@@ -305,11 +315,11 @@ func (r *runner) cycle(c int, now time.Time) error {
 		p.reason = ""
 		if b.Pipelined {
 			p.state = StateNominated
-			r.tracef("  nominate %s → %s (%s; bound next cycle, once the evicted pods are gone)\n", b.Pod, placementString(p.place), b.Action)
+			r.tracef("  nominate %s → %s (%s; bound next cycle, once the evicted pods are gone)\n", b.Pod, placementString(p.place), actionLabel(b.Action, b.Plan))
 		} else {
 			p.state = StateBound
 			bound++
-			r.tracef("  bind     %s → %s (%s)\n", b.Pod, placementString(p.place), b.Action)
+			r.tracef("  bind     %s → %s (%s)\n", b.Pod, placementString(p.place), actionLabel(b.Action, b.Plan))
 		}
 	}
 	// Before the evicted pods leave, the pods bound right away must fit next
