@@ -60,8 +60,15 @@ func (s *session) gates(j *jobState, req Resources, checkLimit bool) string {
 	if checkLimit {
 		for q := j.queue; q != s.root; q = q.parent {
 			for r := Resource(0); r < NumResources; r++ {
-				if req[r] == 0 || q.limit[r] == Unlimited || q.allocated[r]+req[r] <= q.limit[r] {
+				// Room this cycle's evictions freed is free only in the
+				// next (holdLimits).
+				used := q.allocated[r] + q.heldLimit[r]
+				if req[r] == 0 || q.limit[r] == Unlimited || used+req[r] <= q.limit[r] {
 					continue
+				}
+				if q.heldLimit[r] > 0 {
+					return fmt.Sprintf("queue %s would exceed its limit of %s (%s in use and %s freed by this cycle's evictions, free in the next cycle; job %s needs %s)",
+						q.name, formatAmount(r, q.limit[r]), formatAmount(r, q.allocated[r]), formatAmount(r, q.heldLimit[r]), j.name, formatAmount(r, req[r]))
 				}
 				if q.allocated[r] >= q.limit[r] {
 					return fmt.Sprintf("queue %s at its limit of %s", q.name, formatAmount(r, q.limit[r]))

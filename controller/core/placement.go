@@ -456,7 +456,7 @@ func milliRoom(p *podState) int64 {
 	j := p.job
 	for q := j.queue; q != nil && q.parent != nil; q = q.parent {
 		if l := q.limit[ResGPU]; l != Unlimited {
-			take(l - q.allocated[ResGPU])
+			take(l - q.allocated[ResGPU] - q.heldLimit[ResGPU])
 		}
 		if qu := q.quota[ResGPU]; !j.preemptible && qu != Unlimited {
 			take(qu - q.allocNP[ResGPU])
