@@ -502,10 +502,20 @@ func (s *session) reclaim() {
 // is priced at each size in turn, largest GPU (least share) first, and kept
 // to GPUs where it takes no more than that price.
 func (s *session) reclaimSet(j *jobState, set []*podState, explain bool) bool {
+	return s.atPrices(set, func(first bool) bool { return s.reclaimSetAt(j, set, explain && first) })
+}
+
+// atPrices runs try on set at its prices: once, or, when its share depends
+// on the GPU it lands on (pricedBySize), at each GPU size in turn with its
+// memory fractions kept to GPUs where they take no more (byGPUSize). So the
+// gates an evicting action checks at the set's price hold where it lands: a
+// 20Gi pod priced at an 80Gi GPU's quarter cannot take half of a 40Gi GPU
+// past a non-preemptible quota or a limit.
+func (s *session) atPrices(set []*podState, try func(first bool) bool) bool {
 	if !s.pricedBySize(set) {
-		return s.reclaimSetAt(j, set, explain)
+		return try(true)
 	}
-	return s.byGPUSize(set, func(first bool) bool { return s.reclaimSetAt(j, set, explain && first) })
+	return s.byGPUSize(set, try)
 }
 
 // pricedBySize says whether set's share depends on the GPU it lands on: a
@@ -738,25 +748,32 @@ func (s *session) preempt() {
 			},
 		}
 		for i, set := range l.list() {
-			req := sumRes(set)
-			if s.gates(j, req, false) != "" {
-				continue
-			}
-			if !s.limitsRelievable(j, req, true) {
-				if i == 0 {
-					s.explainHeld(j, req)
-				}
-				continue
-			}
-			if s.placeSetEvicting(set, pol, func(int) bool {
-				// Evictions in the same queue may bring it back under its limits.
-				return withinLimits(s, j.queue, req)
-			}) {
+			if s.atPrices(set, func(first bool) bool { return s.preemptSetAt(j, set, pol, i == 0 && first) }) {
 				tried[j] = false
 				return
 			}
 		}
 		return
+	})
+}
+
+// preemptSetAt places set (all or nothing) by preemption at its current
+// prices, or changes nothing; explain adds to the pods' reasons why it
+// waits.
+func (s *session) preemptSetAt(j *jobState, set []*podState, pol *evictPolicy, explain bool) bool {
+	req := sumRes(set)
+	if s.gates(j, req, false) != "" {
+		return false
+	}
+	if !s.limitsRelievable(j, req, true) {
+		if explain {
+			s.explainHeld(j, req)
+		}
+		return false
+	}
+	return s.placeSetEvicting(set, pol, func(int) bool {
+		// Evictions in the same queue may bring it back under its limits.
+		return withinLimits(s, j.queue, req)
 	})
 }
 
@@ -884,11 +901,10 @@ func (s *session) consolidate() {
 			},
 		}
 		for _, set := range l.list() {
-			req := sumRes(set)
-			if s.gates(j, req, true) != "" || !s.fitsFree(req, s.memSlack) {
-				continue
-			}
-			if s.consolidateSet(j, set, pol, unmovable) {
+			if s.atPrices(set, func(bool) bool {
+				req := sumRes(set)
+				return s.gates(j, req, true) == "" && s.fitsFree(req, s.memSlack) && s.consolidateSet(j, set, pol, unmovable)
+			}) {
 				tried[j] = false
 				return
 			}
