@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/tessera-gpu/tessera/driver"
 	"github.com/tessera-gpu/tessera/driver/drivertest"
 	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/sharing"
 )
 
 var (
@@ -108,7 +110,8 @@ func readCheckpoint(t testing.TB, e *nodeEnv) *driver.Checkpoint {
 
 // TestCrashBetweenCheckpointWrites kills tessera-node after its "preparing"
 // checkpoint write, starts it again and checks that the claim is prepared
-// exactly once; then unprepare, and corrupt/future checkpoints.
+// exactly once; then unprepare, corrupt/future checkpoints, and an MPS root
+// too long for the MPS sockets.
 func TestCrashBetweenCheckpointWrites(t *testing.T) {
 	c := cluster(t)
 	client := c.Client(t)
@@ -199,4 +202,15 @@ func TestCrashBetweenCheckpointWrites(t *testing.T) {
 			}
 		})
 	}
+
+	// 6. An MPS root too long for the MPS daemon's sockets stops the start,
+	// naming the limit, before any GPU is touched.
+	t.Run("mps root too long", func(t *testing.T) {
+		long := filepath.Join(e.mpsRoot, strings.Repeat("x", sharing.MaxRootLen))
+		p := e.spawn(t, kubeconfig, nil, "--mps-root="+long)
+		require.Error(t, p.wait(t, 30*time.Second))
+		out := p.out.String()
+		assert.Contains(t, out, fmt.Sprintf("at most %d fit", sharing.MaxRootLen))
+		assert.Contains(t, out, "--mps-root")
+	})
 }
