@@ -87,15 +87,16 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 		}
 	})
 
-	// Evictions, in parallel.
+	// Evictions, in parallel; none of a plan a budget refuses part of.
+	spared := s.refusedPlans(ctx, res.Evictions, idx, now)
 	evictedOK := map[string]bool{}
 	s.parallel(len(res.Evictions), func(i int) {
 		ev := res.Evictions[i]
 		ref := idx.pods[ev.Pod]
-		if ref == nil {
+		if ref == nil || spared[ev.Plan] {
 			return
 		}
-		err := s.evict(ctx, ref.pod, ev)
+		err := s.evict(ctx, ref.pod, ev, false)
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
@@ -344,12 +345,61 @@ func (s *Scheduler) parallel(n int, f func(int)) {
 	wg.Wait()
 }
 
-func (s *Scheduler) evict(ctx context.Context, pod *v1.Pod, ev core.Eviction) error {
-	s.recorder.Eventf(pod, v1.EventTypeNormal, "Evicting", "%s: %s", ev.Action, ev.Reason)
+// evict evicts pod through the Eviction API (or, dryRun, only asks whether
+// its PodDisruptionBudgets would allow it).
+func (s *Scheduler) evict(ctx context.Context, pod *v1.Pod, ev core.Eviction, dryRun bool) error {
+	opts := &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}}
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	} else {
+		s.recorder.Eventf(pod, v1.EventTypeNormal, "Evicting", "%s: %s", ev.Action, ev.Reason)
+	}
 	return s.client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, &policyv1.Eviction{
 		ObjectMeta:    metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace},
-		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}},
+		DeleteOptions: opts,
 	})
+}
+
+// refusedPlans returns the evicting plans (core.Eviction.Plan) of which a
+// PodDisruptionBudget refuses a victim. A plan's victims go together: with
+// one refused, evicting the others frees what the plan cannot use, and
+// those pods are stopped for nothing. So the victims of every plan of
+// several evictions are first evicted as a dry run (the API server checks
+// the budgets as for a real eviction), and a refused plan evicts none. The
+// refused pods are left out of the victims for pdbBackoff, and the next
+// cycle plans again without them.
+func (s *Scheduler) refusedPlans(ctx context.Context, evs []core.Eviction, idx *cycleIndex, now time.Time) map[int]bool {
+	size := map[int]int{}
+	for _, ev := range evs {
+		if ev.Plan > 0 {
+			size[ev.Plan]++
+		}
+	}
+	var check []core.Eviction
+	for _, ev := range evs {
+		if size[ev.Plan] > 1 && idx.pods[ev.Pod] != nil {
+			check = append(check, ev)
+		}
+	}
+	refused := map[int]bool{}
+	var mu sync.Mutex
+	s.parallel(len(check), func(i int) {
+		ev := check[i]
+		pod := idx.pods[ev.Pod].pod
+		if err := s.evict(ctx, pod, ev, true); !apierrors.IsTooManyRequests(err) {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		refused[ev.Plan] = true
+		s.pdbBlocked[ev.Pod] = true
+		s.pdbExpiry[ev.Pod] = now.Add(pdbBackoff)
+		s.recorder.Eventf(pod, v1.EventTypeNormal, "EvictionBlocked", "Not evicted for %s: a PodDisruptionBudget does not allow it; the other victims of the same plan are spared, and other victims will be chosen", ev.Action)
+	})
+	for plan := range refused {
+		klog.InfoS("Evicting plan dropped: a PodDisruptionBudget refuses one of its victims", "plan", plan, "victims", size[plan])
+	}
+	return refused
 }
 
 // allocatedState collects what every allocated claim holds, as the

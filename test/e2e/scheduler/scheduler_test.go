@@ -757,6 +757,77 @@ func TestReclaimHonoursPDB(t *testing.T) {
 	e.checkNoDoubleAllocation()
 }
 
+// TestPlanSparedWhenPDBRefusesAVictim: a gang of two needs two victims in
+// one plan, and a PodDisruptionBudget refuses one of them. The other is not
+// evicted either: it would stop for a plan that cannot complete. Here every
+// pod but one is protected, so no plan ever completes, and the unprotected
+// pod must run on.
+func TestPlanSparedWhenPDBRefusesAVictim(t *testing.T) {
+	e := newEnv(t)
+	e.addGPUNode("dgx-0", "h100-sxm-8")
+	e.createQueue("team-a", "", "4", "", 100)
+	e.createQueue("team-b", "", "4", "", 100)
+	e.startScheduler(core.Config{DisableConsolidation: true})
+	var a []string
+	for i := 0; i < 8; i++ {
+		n := fmt.Sprintf("a-%d", i)
+		a = append(a, n)
+		if i >= 6 {
+			// Creation times have 1 s resolution: a-7, then a-6, are the
+			// newest, the first two victims of a plan.
+			time.Sleep(1100 * time.Millisecond)
+		}
+		e.createPod(podSpec{name: n, queue: "team-a", priority: "tessera-train", claim: &gpuClaim{}})
+		if i != 6 {
+			patch := []byte(`{"metadata":{"labels":{"protected":"yes"}}}`)
+			if _, err := e.client.CoreV1().Pods(e.ns).Patch(e.ctx, n, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	e.waitBound(a...)
+	seven := intstr.FromInt32(7)
+	if _, err := e.client.PolicyV1().PodDisruptionBudgets(e.ns).Create(e.ctx, &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "protect"},
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MinAvailable: &seven,
+			Selector:     &metav1.LabelSelector{MatchLabels: map[string]string{"protected": "yes"}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("PDB status observed", 30*time.Second, func() (bool, string) {
+		p, err := e.client.PolicyV1().PodDisruptionBudgets(e.ns).Get(e.ctx, "protect", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Status.ObservedGeneration == p.Generation && p.Status.CurrentHealthy == 7 && p.Status.DisruptionsAllowed == 0, fmt.Sprintf("%+v", p.Status)
+	})
+	e.createPodGroup("gang", "team-b", 2)
+	e.createPod(podSpec{name: "b-0", queue: "team-b", group: "gang", priority: "tessera-train", claim: &gpuClaim{}})
+	e.createPod(podSpec{name: "b-1", queue: "team-b", group: "gang", priority: "tessera-train", claim: &gpuClaim{}})
+	// Several plans refused in turn (each excludes the refused pod for a
+	// while and tries the next protected one with a-6).
+	e.eventually("three EvictionBlocked events", 30*time.Second, func() (bool, string) {
+		ev, err := e.client.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{FieldSelector: "reason=EvictionBlocked"})
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(ev.Items) >= 3, fmt.Sprintf("%d events", len(ev.Items))
+	})
+	for _, n := range a {
+		if p := e.pod(n); p == nil || p.DeletionTimestamp != nil {
+			t.Errorf("pod %s was evicted, for a plan a PodDisruptionBudget refused", n)
+		}
+	}
+	for _, n := range []string{"b-0", "b-1"} {
+		if e.pod(n).Spec.NodeName != "" {
+			t.Errorf("%s bound, though no plan could free two GPUs", n)
+		}
+	}
+	e.checkNoDoubleAllocation()
+}
+
 // TestClaimAllocatedPodUnbound: a scheduler that dies between writing a
 // claim's allocation and binding its pod (a leader killed mid-commit)
 // leaves a pending pod whose claim is allocated and reserved for it. The
