@@ -688,6 +688,47 @@ func TestOtherDriverClaims(t *testing.T) {
 	}
 }
 
+// protect labels pods as protected, and a PodDisruptionBudget keeps all of
+// them available; it returns once the budget's status allows no disruption.
+func (e *env) protect(pods ...string) {
+	e.t.Helper()
+	patch := []byte(`{"metadata":{"labels":{"protected":"yes"}}}`)
+	for _, n := range pods {
+		if _, err := e.client.CoreV1().Pods(e.ns).Patch(e.ctx, n, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	all := intstr.FromInt32(int32(len(pods)))
+	if _, err := e.client.PolicyV1().PodDisruptionBudgets(e.ns).Create(e.ctx, &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "protect"},
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MinAvailable: &all,
+			Selector:     &metav1.LabelSelector{MatchLabels: map[string]string{"protected": "yes"}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	e.eventually("PDB status observed", 30*time.Second, func() (bool, string) {
+		p, err := e.client.PolicyV1().PodDisruptionBudgets(e.ns).Get(e.ctx, "protect", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Status.ObservedGeneration == p.Generation && int(p.Status.CurrentHealthy) == len(pods) && p.Status.DisruptionsAllowed == 0, fmt.Sprintf("%+v", p.Status)
+	})
+}
+
+// waitEvents waits for at least n events of reason in the namespace.
+func (e *env) waitEvents(reason string, n int) {
+	e.t.Helper()
+	e.eventually(fmt.Sprintf("%d %s event(s)", n, reason), 30*time.Second, func() (bool, string) {
+		ev, err := e.client.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{FieldSelector: "reason=" + reason})
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(ev.Items) >= n, fmt.Sprintf("%d events", len(ev.Items))
+	})
+}
+
 // TestReclaimHonoursPDB: when a PodDisruptionBudget refuses the eviction of
 // the victims the core picked first, other victims are chosen.
 func TestReclaimHonoursPDB(t *testing.T) {
@@ -701,13 +742,6 @@ func TestReclaimHonoursPDB(t *testing.T) {
 		n := fmt.Sprintf("a-%d", i)
 		a = append(a, n)
 		e.createPod(podSpec{name: n, queue: "team-a", priority: "tessera-train", claim: &gpuClaim{}})
-		// The newest four, which victim order picks first, are protected.
-		if i >= 4 {
-			patch := []byte(`{"metadata":{"labels":{"protected":"yes"}}}`)
-			if _, err := e.client.CoreV1().Pods(e.ns).Patch(e.ctx, n, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-				t.Fatal(err)
-			}
-		}
 		if i == 3 {
 			// Creation times have 1 s resolution: make the protected four
 			// strictly newer, so victim order (newest first) picks them first.
@@ -715,35 +749,14 @@ func TestReclaimHonoursPDB(t *testing.T) {
 		}
 	}
 	e.waitBound(a...)
-	all := intstr.FromInt32(4)
-	if _, err := e.client.PolicyV1().PodDisruptionBudgets(e.ns).Create(e.ctx, &policyv1.PodDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Name: "protect"},
-		Spec: policyv1.PodDisruptionBudgetSpec{
-			MinAvailable: &all,
-			Selector:     &metav1.LabelSelector{MatchLabels: map[string]string{"protected": "yes"}},
-		},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	e.eventually("PDB status observed", 30*time.Second, func() (bool, string) {
-		p, err := e.client.PolicyV1().PodDisruptionBudgets(e.ns).Get(e.ctx, "protect", metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		return p.Status.ObservedGeneration == p.Generation && p.Status.CurrentHealthy == 4 && p.Status.DisruptionsAllowed == 0, fmt.Sprintf("%+v", p.Status)
-	})
+	// The newest four, which victim order picks first, are protected.
+	e.protect(a[4:]...)
 	for i := 0; i < 4; i++ {
 		e.createPod(podSpec{name: fmt.Sprintf("b-%d", i), queue: "team-b", priority: "tessera-train", claim: &gpuClaim{}})
 	}
 	e.waitBound("b-0", "b-1", "b-2", "b-3")
 	// The core's first pick (the newest, protected pods) was refused.
-	e.eventually("an EvictionBlocked event", 30*time.Second, func() (bool, string) {
-		ev, err := e.client.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{FieldSelector: "reason=EvictionBlocked"})
-		if err != nil {
-			return false, err.Error()
-		}
-		return len(ev.Items) > 0, fmt.Sprintf("%d events", len(ev.Items))
-	})
+	e.waitEvents("EvictionBlocked", 1)
 	for i, n := range a {
 		p := e.pod(n)
 		alive := p != nil && p.DeletionTimestamp == nil
@@ -778,43 +791,15 @@ func TestPlanSparedWhenPDBRefusesAVictim(t *testing.T) {
 			time.Sleep(1100 * time.Millisecond)
 		}
 		e.createPod(podSpec{name: n, queue: "team-a", priority: "tessera-train", claim: &gpuClaim{}})
-		if i != 6 {
-			patch := []byte(`{"metadata":{"labels":{"protected":"yes"}}}`)
-			if _, err := e.client.CoreV1().Pods(e.ns).Patch(e.ctx, n, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-				t.Fatal(err)
-			}
-		}
 	}
 	e.waitBound(a...)
-	seven := intstr.FromInt32(7)
-	if _, err := e.client.PolicyV1().PodDisruptionBudgets(e.ns).Create(e.ctx, &policyv1.PodDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Name: "protect"},
-		Spec: policyv1.PodDisruptionBudgetSpec{
-			MinAvailable: &seven,
-			Selector:     &metav1.LabelSelector{MatchLabels: map[string]string{"protected": "yes"}},
-		},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	e.eventually("PDB status observed", 30*time.Second, func() (bool, string) {
-		p, err := e.client.PolicyV1().PodDisruptionBudgets(e.ns).Get(e.ctx, "protect", metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		return p.Status.ObservedGeneration == p.Generation && p.Status.CurrentHealthy == 7 && p.Status.DisruptionsAllowed == 0, fmt.Sprintf("%+v", p.Status)
-	})
+	e.protect(append(slices.Clone(a[:6]), a[7])...) // all but a-6
 	e.createPodGroup("gang", "team-b", 2)
 	e.createPod(podSpec{name: "b-0", queue: "team-b", group: "gang", priority: "tessera-train", claim: &gpuClaim{}})
 	e.createPod(podSpec{name: "b-1", queue: "team-b", group: "gang", priority: "tessera-train", claim: &gpuClaim{}})
 	// Several plans refused in turn (each excludes the refused pod for a
 	// while and tries the next protected one with a-6).
-	e.eventually("three EvictionBlocked events", 30*time.Second, func() (bool, string) {
-		ev, err := e.client.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{FieldSelector: "reason=EvictionBlocked"})
-		if err != nil {
-			return false, err.Error()
-		}
-		return len(ev.Items) >= 3, fmt.Sprintf("%d events", len(ev.Items))
-	})
+	e.waitEvents("EvictionBlocked", 3)
 	for _, n := range a {
 		if p := e.pod(n); p == nil || p.DeletionTimestamp != nil {
 			t.Errorf("pod %s was evicted, for a plan a PodDisruptionBudget refused", n)
