@@ -179,22 +179,36 @@ func TestGang(t *testing.T) {
 	e.checkNoDoubleAllocation()
 }
 
-// TestReclaimAndPreempt: a queue below its fair share reclaims from one
-// above it; inside a queue a higher-priority job preempts a lower one.
-func TestReclaimAndPreempt(t *testing.T) {
-	e := newEnv(t)
+// twoTeamsOnOneNode starts the scheduler (no consolidation) over one 8-GPU
+// node shared by queues team-a and team-b (GPU quota 4 each), fills the node
+// with team-a's eight one-GPU pods a-0 … a-7 and returns their names once
+// bound. Creation times have 1 s resolution: each pod whose index is in
+// newer is created over a second after the pods before it, so that victim
+// order (newest first) tells them apart.
+func (e *env) twoTeamsOnOneNode(newer ...int) []string {
+	e.t.Helper()
 	e.addGPUNode("dgx-0", "h100-sxm-8")
 	e.createQueue("team-a", "", "4", "", 100)
 	e.createQueue("team-b", "", "4", "", 100)
 	e.startScheduler(core.Config{DisableConsolidation: true})
-
 	var a []string
 	for i := 0; i < 8; i++ {
+		if slices.Contains(newer, i) {
+			time.Sleep(1100 * time.Millisecond)
+		}
 		n := fmt.Sprintf("a-%d", i)
 		a = append(a, n)
 		e.createPod(podSpec{name: n, queue: "team-a", priority: "tessera-train", claim: &gpuClaim{}})
 	}
 	e.waitBound(a...)
+	return a
+}
+
+// TestReclaimAndPreempt: a queue below its fair share reclaims from one
+// above it; inside a queue a higher-priority job preempts a lower one.
+func TestReclaimAndPreempt(t *testing.T) {
+	e := newEnv(t)
+	a := e.twoTeamsOnOneNode()
 
 	t.Run("reclaim", func(t *testing.T) {
 		for i := 0; i < 4; i++ {
@@ -733,22 +747,7 @@ func (e *env) waitEvents(reason string, n int) {
 // the victims the core picked first, other victims are chosen.
 func TestReclaimHonoursPDB(t *testing.T) {
 	e := newEnv(t)
-	e.addGPUNode("dgx-0", "h100-sxm-8")
-	e.createQueue("team-a", "", "4", "", 100)
-	e.createQueue("team-b", "", "4", "", 100)
-	e.startScheduler(core.Config{DisableConsolidation: true})
-	var a []string
-	for i := 0; i < 8; i++ {
-		n := fmt.Sprintf("a-%d", i)
-		a = append(a, n)
-		e.createPod(podSpec{name: n, queue: "team-a", priority: "tessera-train", claim: &gpuClaim{}})
-		if i == 3 {
-			// Creation times have 1 s resolution: make the protected four
-			// strictly newer, so victim order (newest first) picks them first.
-			time.Sleep(1100 * time.Millisecond)
-		}
-	}
-	e.waitBound(a...)
+	a := e.twoTeamsOnOneNode(4) // a-4 … a-7 strictly newer
 	// The newest four, which victim order picks first, are protected.
 	e.protect(a[4:]...)
 	for i := 0; i < 4; i++ {
@@ -777,22 +776,8 @@ func TestReclaimHonoursPDB(t *testing.T) {
 // pod must run on.
 func TestPlanSparedWhenPDBRefusesAVictim(t *testing.T) {
 	e := newEnv(t)
-	e.addGPUNode("dgx-0", "h100-sxm-8")
-	e.createQueue("team-a", "", "4", "", 100)
-	e.createQueue("team-b", "", "4", "", 100)
-	e.startScheduler(core.Config{DisableConsolidation: true})
-	var a []string
-	for i := 0; i < 8; i++ {
-		n := fmt.Sprintf("a-%d", i)
-		a = append(a, n)
-		if i >= 6 {
-			// Creation times have 1 s resolution: a-7, then a-6, are the
-			// newest, the first two victims of a plan.
-			time.Sleep(1100 * time.Millisecond)
-		}
-		e.createPod(podSpec{name: n, queue: "team-a", priority: "tessera-train", claim: &gpuClaim{}})
-	}
-	e.waitBound(a...)
+	// a-7, then a-6, are the newest: the first two victims of a plan.
+	a := e.twoTeamsOnOneNode(6, 7)
 	e.protect(append(slices.Clone(a[:6]), a[7])...) // all but a-6
 	e.createPodGroup("gang", "team-b", 2)
 	e.createPod(podSpec{name: "b-0", queue: "team-b", group: "gang", priority: "tessera-train", claim: &gpuClaim{}})
