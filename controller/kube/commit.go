@@ -105,9 +105,7 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 			st.evictionsByWhat[ev.Action]++
 			evictedOK[ev.Pod] = true
 		case apierrors.IsTooManyRequests(err):
-			s.pdbBlocked[ev.Pod] = true
-			s.pdbExpiry[ev.Pod] = now.Add(pdbBackoff)
-			s.recorder.Eventf(ref.pod, v1.EventTypeNormal, "EvictionBlocked", "Not evicted for %s: a PodDisruptionBudget does not allow it; other victims will be chosen", ev.Action)
+			s.refused(ref.pod, ev, now, "other victims will be chosen")
 		case apierrors.IsNotFound(err):
 		default:
 			st.apiErrors.Add(1)
@@ -360,6 +358,15 @@ func (s *Scheduler) evict(ctx context.Context, pod *v1.Pod, ev core.Eviction, dr
 	})
 }
 
+// refused records that a PodDisruptionBudget refused ev's eviction: the pod
+// is left out of the victims for pdbBackoff, and an event says what happens
+// instead (then). The caller holds whatever lock guards the maps.
+func (s *Scheduler) refused(pod *v1.Pod, ev core.Eviction, now time.Time, then string) {
+	s.pdbBlocked[ev.Pod] = true
+	s.pdbExpiry[ev.Pod] = now.Add(pdbBackoff)
+	s.recorder.Eventf(pod, v1.EventTypeNormal, "EvictionBlocked", "Not evicted for %s: a PodDisruptionBudget does not allow it; %s", ev.Action, then)
+}
+
 // refusedPlans returns the evicting plans (core.Eviction.Plan) of which a
 // PodDisruptionBudget refuses a victim. A plan's victims go together: with
 // one refused, evicting the others frees what the plan cannot use, and
@@ -392,9 +399,7 @@ func (s *Scheduler) refusedPlans(ctx context.Context, evs []core.Eviction, idx *
 		mu.Lock()
 		defer mu.Unlock()
 		refused[ev.Plan] = true
-		s.pdbBlocked[ev.Pod] = true
-		s.pdbExpiry[ev.Pod] = now.Add(pdbBackoff)
-		s.recorder.Eventf(pod, v1.EventTypeNormal, "EvictionBlocked", "Not evicted for %s: a PodDisruptionBudget does not allow it; the other victims of the same plan are spared, and other victims will be chosen", ev.Action)
+		s.refused(pod, ev, now, "the other victims of the same plan are spared, and other victims will be chosen")
 	})
 	for plan := range refused {
 		klog.InfoS("Evicting plan dropped: a PodDisruptionBudget refuses one of its victims", "plan", plan, "victims", size[plan])
