@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/controller/app"
 	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/internal/assignment"
 )
 
 type options struct {
@@ -40,6 +42,7 @@ type options struct {
 	renewDeadline   time.Duration
 	retryPeriod     time.Duration
 	releaseOnCancel bool
+	gpuResource     string
 }
 
 // defaultNamespace is the controller's own namespace: the pod's (from the
@@ -71,6 +74,7 @@ func bindFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", app.DefaultLeaseDuration, "how long standby replicas wait after the last renewal before taking over")
 	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", app.DefaultRenewDeadline, "how long the leader keeps retrying to renew before it gives up (and exits); less than the lease duration")
 	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", app.DefaultRetryPeriod, "time between attempts to acquire or renew the Lease")
+	fs.StringVar(&o.gpuResource, "gpu-resource-name", assignment.DefaultResourceGPU, "extended resource of whole GPUs that tessera-node's device plugin advertises; pods asking for it get GPUs through the device-plugin path")
 	fs.BoolVar(&o.releaseOnCancel, "leader-elect-release-on-cancel", true, "give the Lease up on a clean shutdown so a standby takes over at once")
 }
 
@@ -82,6 +86,9 @@ func (o *options) validate() error {
 	}
 	if o.interval <= 0 {
 		return fmt.Errorf("--interval must be positive")
+	}
+	if o.gpuResource == "" || !strings.Contains(o.gpuResource, "/") {
+		return fmt.Errorf("--gpu-resource-name must be an extended resource name such as %s, not %q", assignment.DefaultResourceGPU, o.gpuResource)
 	}
 	if o.workers <= 0 {
 		return fmt.Errorf("--workers must be positive")
@@ -128,6 +135,7 @@ func (o *options) appConfig(rc *rest.Config) app.Config {
 			StaleGangTimeout:     stale,
 		},
 		Workers:         o.workers,
+		GPUResource:     o.gpuResource,
 		LeaderElect:     o.leaderElect,
 		LeaseNamespace:  o.leaseNamespace,
 		LeaseName:       o.leaseName,

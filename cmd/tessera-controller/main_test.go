@@ -38,15 +38,18 @@ func TestFlagDefaults(t *testing.T) {
 	if !cfg.LeaderElect || cfg.LeaseName != "tessera-controller" || cfg.LeaseDuration != 15*time.Second || !cfg.ReleaseOnCancel {
 		t.Errorf("leader election config %+v", cfg)
 	}
+	if cfg.GPUResource != "nvidia.com/gpu" {
+		t.Errorf("GPU resource %q", cfg.GPUResource)
+	}
 }
 
 func TestFlags(t *testing.T) {
-	o, err := parse(t, "--placement=spread", "--consolidation=false", "--stale-gang-timeout=-1s", "--workers=4", "--interval=250ms")
+	o, err := parse(t, "--placement=spread", "--consolidation=false", "--stale-gang-timeout=-1s", "--workers=4", "--interval=250ms", "--gpu-resource-name=example.com/gpu")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := o.appConfig(&rest.Config{})
-	if cfg.Core.Placement != core.Spread || !cfg.Core.DisableConsolidation || cfg.Core.StaleGangTimeout >= 0 || cfg.Workers != 4 || cfg.Interval != 250*time.Millisecond {
+	if cfg.Core.Placement != core.Spread || !cfg.Core.DisableConsolidation || cfg.Core.StaleGangTimeout >= 0 || cfg.Workers != 4 || cfg.Interval != 250*time.Millisecond || cfg.GPUResource != "example.com/gpu" {
 		t.Errorf("config %+v", cfg)
 	}
 }
@@ -59,6 +62,7 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"--placement=random"}, "binpack or spread"},
 		{[]string{"--interval=0"}, "--interval"},
 		{[]string{"--workers=0"}, "--workers"},
+		{[]string{"--gpu-resource-name=gpu"}, "--gpu-resource-name"},
 		{[]string{"--kube-api-qps=0"}, "--kube-api-qps"},
 		{[]string{"--leader-elect-lease-duration=5s", "--leader-elect-renew-deadline=10s"}, "lease duration > renew deadline"},
 	} {

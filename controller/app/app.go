@@ -50,6 +50,9 @@ type Config struct {
 	Interval time.Duration
 	Core     core.Config
 	Workers  int
+	// GPUResource is the extended resource of whole GPUs of tessera-node's
+	// device plugin (kube.Options.GPUResource; default nvidia.com/gpu).
+	GPUResource string
 
 	// LeaderElect runs the scheduler only while holding the Lease
 	// LeaseNamespace/LeaseName. Without it the scheduler runs at once.
@@ -145,7 +148,7 @@ func New(cfg Config) (*Controller, error) {
 	c.scheduler, err = kube.New(kube.Options{
 		Client: client, Dynamic: dyn,
 		Interval: cfg.Interval, Core: cfg.Core, Workers: cfg.Workers,
-		Metrics: metrics,
+		Metrics: metrics, GPUResource: cfg.GPUResource,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("app: scheduler: %w", err)

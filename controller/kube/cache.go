@@ -17,6 +17,7 @@ import (
 
 	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
 	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/internal/assignment"
 )
 
 // cycleIndex remembers, for one cycle, which Kubernetes objects stand behind
@@ -67,6 +68,11 @@ type podRef struct {
 	pod    *v1.Pod
 	claims []*resourceapi.ResourceClaim
 	job    string
+	// dp marks a device-plugin pod (extended resources, fraction
+	// annotations): its bind writes the assignment annotation first; req
+	// is its request.
+	dp  bool
+	req core.Request
 }
 
 type jobRef struct {
@@ -93,6 +99,8 @@ type podEntry struct {
 	req      core.Request
 	err      error
 	tessera  bool
+	// dp: the pod asks for GPUs through the device plugin (assign.go).
+	dp bool
 }
 
 func (s *Scheduler) translatePod(pod *v1.Pod) *podEntry {
@@ -110,6 +118,16 @@ func (s *Scheduler) translatePod(pod *v1.Pod) *podEntry {
 		gr, gerr := podGPURequest(claims, s.getClass)
 		e.req, e.err, e.tessera = gr.req, gerr, gr.tessera
 		e.req.CPU, e.req.Memory, e.req.Other = podResources(pod)
+		if e.err == nil {
+			// The device-plugin path: extended resources and the fraction
+			// annotations. Other keeps the extended resources, so the
+			// node must also advertise them (tessera-node's device plugin).
+			dreq, dp, derr := devicePluginRequest(pod.Annotations, e.req.Other, s.opts.GPUResource, gr.tessera)
+			if dp {
+				e.dp, e.err = true, derr
+				e.req.GPUs, e.req.GPUMilli, e.req.GPUMemory, e.req.Sharing = dreq.GPUs, dreq.GPUMilli, dreq.GPUMemory, dreq.Sharing
+			}
+		}
 	}
 	s.podCache[pod.UID] = e
 	return e
@@ -245,13 +263,6 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 			continue // its node is gone; nothing to account for
 		}
 		key := pod.Namespace + "/" + pod.Name
-		if !bound && ours {
-			if why := fractionAnnotations(pod); why != "" {
-				idx.problems = append(idx.problems, core.PendingPod{Pod: key, Reason: why})
-				idx.pods[key] = &podRef{pod: pod}
-				continue
-			}
-		}
 		if !bound {
 			if why := s.waitingForVictims(key, pod, now); why != "" {
 				idx.problems = append(idx.problems, core.PendingPod{Pod: key, Reason: why})
@@ -310,6 +321,17 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 				cp.Phase = core.PodReleasing
 			}
 			cp.Placement = allocatedPlacement(nodeName, e.claims, idx.gpus[nodeName])
+			if v, ok := pod.Annotations[AnnotationAssignment]; ok && !adopted {
+				// A device-plugin pod holds what its assignment says.
+				var pl core.Placement
+				if a, err := assignment.Parse(v); err == nil {
+					pl = assignmentPlacement(nodeName, a, idx.gpus[nodeName])
+				} else {
+					s.warnMalformed(pod, v, err)
+					pl = malformedPlacement(nodeName, v, idx.gpus[nodeName])
+				}
+				cp.Placement = mergePlacements(cp.Placement, pl)
+			}
 			for _, c := range e.claims {
 				attributed[c.UID] = true
 			}
@@ -343,11 +365,16 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 		}
 		jobs[jobName].Pods = append(jobs[jobName].Pods, cp)
 		idx.jobs[jobName].pods = append(idx.jobs[jobName].pods, key)
-		idx.pods[key] = &podRef{pod: pod, claims: e.claims, job: jobName}
+		idx.pods[key] = &podRef{pod: pod, claims: e.claims, job: jobName, dp: e.dp, req: e.req}
 	}
 	for uid := range s.podCache {
 		if !seen[uid] {
 			delete(s.podCache, uid)
+		}
+	}
+	for uid := range s.malformed {
+		if !seen[uid] {
+			delete(s.malformed, uid)
 		}
 	}
 	// Allocated claims that no pod above accounts for (reserved for a pod

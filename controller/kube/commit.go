@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/internal/assignment"
 )
 
 // commitStats says what a commit did.
@@ -159,6 +160,9 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 		ref    *podRef
 		node   string
 		allocs map[string]*resourceapi.AllocationResult // by claim name
+		// assign is a device-plugin pod's assignment, written before
+		// its bind.
+		assign *assignment.Assignment
 	}
 	plans := make([][]podPlan, len(jobOrder))
 	for j, job := range jobOrder {
@@ -180,7 +184,17 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 				ok = false
 				break
 			}
-			jp = append(jp, podPlan{ref: ref, node: b.Placement.Node, allocs: allocs})
+			plan := podPlan{ref: ref, node: b.Placement.Node, allocs: allocs}
+			if ref.dp {
+				a, err := placementAssignment(b.Placement, ref.req, idx.gpus[b.Placement.Node])
+				if err != nil {
+					st.failed[b.Pod] = fmt.Sprintf("assignment of GPUs %v on %s: %v", b.Placement.GPUs, b.Placement.Node, err)
+					ok = false
+					break
+				}
+				plan.assign = &a
+			}
+			jp = append(jp, plan)
 		}
 		if !ok {
 			for i := len(undo) - 1; i >= 0; i-- {
@@ -231,6 +245,19 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 			}
 			if failure != nil {
 				break
+			}
+		}
+		// Device-plugin pods: the assignment annotation, which the node's
+		// device plugin reads in Allocate, before any bind of the job; a
+		// failed write binds none of them.
+		for _, p := range jp {
+			if failure != nil {
+				break
+			}
+			if p.assign != nil {
+				if err := s.writeAssignment(ctx, p.ref.pod, *p.assign); err != nil {
+					failure = fmt.Errorf("writing the GPU assignment of pod %s/%s: %w", p.ref.pod.Namespace, p.ref.pod.Name, err)
+				}
 			}
 		}
 		if failure == nil {

@@ -4,6 +4,8 @@
 // allocations, bindings, evictions, status) back to the API server.
 package kube
 
+import "github.com/tessera-gpu/tessera/internal/assignment"
+
 const (
 	// SchedulerName is the schedulerName of the pods Tessera schedules.
 	SchedulerName = "tessera-scheduler"
@@ -19,11 +21,16 @@ const (
 	AnnotationPreemptible = "tessera.dev/preemptible"
 	// AnnotationGPUFraction, AnnotationGPUMemory and AnnotationGPUSharing
 	// are DESIGN.md's annotations for a GPU share without a ResourceClaim
-	// (the device-plugin path). This version does not serve that path; a
-	// pod that carries them waits with a reason that says so (fraction.go).
-	AnnotationGPUFraction = "tessera.dev/gpu-fraction"
-	AnnotationGPUMemory   = "tessera.dev/gpu-memory"
-	AnnotationGPUSharing  = "tessera.dev/gpu-sharing"
+	// (the device-plugin path; fraction.go). AnnotationAssignment is where
+	// the commit records, before binding, what such a pod was given. One
+	// definition, in internal/assignment, shared with tessera-node.
+	AnnotationGPUFraction = assignment.AnnotationGPUFraction
+	AnnotationGPUMemory   = assignment.AnnotationGPUMemory
+	AnnotationGPUSharing  = assignment.AnnotationGPUSharing
+	AnnotationAssignment  = assignment.Annotation
+	// ResourceShare is the extended resource of fraction slots (one per
+	// annotated pod; the webhook adds it).
+	ResourceShare = assignment.ResourceShare
 	// DefaultQueue holds pods without a queue label. It exists implicitly
 	// (no quota, no limit) when no Queue object of that name does.
 	DefaultQueue = "default"
@@ -32,6 +39,7 @@ const (
 	attrIndex        = DriverName + "/index"
 	attrProductName  = DriverName + "/productName"
 	attrNVLinkDomain = DriverName + "/nvlinkDomain"
+	attrUUID         = DriverName + "/uuid"
 	capacityMemory   = "memory"
 
 	// finalizerDeleteProtection keeps an allocated claim from being deleted

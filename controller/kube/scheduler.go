@@ -30,6 +30,7 @@ import (
 
 	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
 	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/internal/assignment"
 )
 
 var everything = labels.Everything()
@@ -59,6 +60,11 @@ type Options struct {
 	Workers int
 	// Metrics, when set, receives the scheduler's figures.
 	Metrics *Metrics
+	// GPUResource is the extended resource of whole GPUs that tessera-node's
+	// device plugin advertises (default assignment.DefaultResourceGPU,
+	// nvidia.com/gpu): a pod asking for it gets that many GPUs from the core
+	// and an assignment annotation (assign.go).
+	GPUResource string
 }
 
 // Scheduler is tessera-scheduler: informers in, core decisions out.
@@ -99,6 +105,9 @@ type Scheduler struct {
 	pdbBlocked map[string]bool
 	pdbExpiry  map[string]time.Time
 	nominated  map[string]nomination
+	// malformed remembers the malformed assignment annotation last
+	// reported on each bound pod (warnMalformed), so it is reported once.
+	malformed map[types.UID]string
 	// pending remembers the reason last written on each pending pod so
 	// unchanged reasons cost no API call.
 	pending map[string]string
@@ -127,6 +136,9 @@ func New(opts Options) (*Scheduler, error) {
 	if opts.Workers <= 0 {
 		opts.Workers = 32
 	}
+	if opts.GPUResource == "" {
+		opts.GPUResource = assignment.DefaultResourceGPU
+	}
 	s := &Scheduler{
 		opts:        opts,
 		client:      opts.Client,
@@ -140,6 +152,7 @@ func New(opts Options) (*Scheduler, error) {
 		pdbBlocked:  map[string]bool{},
 		pdbExpiry:   map[string]time.Time{},
 		nominated:   map[string]nomination{},
+		malformed:   map[types.UID]string{},
 		pending:     map[string]string{},
 		queueStatus: map[string]schedv1.QueueStatus{},
 		groupStatus: map[string]schedv1.PodGroupStatus{},
