@@ -113,14 +113,24 @@ func (e *env) stopScheduler() {
 // addGPUNode adds a kwok node with a tessera-node (in-process, fake profile)
 // publishing its GPUs, and waits for the slice.
 func (e *env) addGPUNode(name, profile string, taints ...v1.Taint) {
+	e.t.Helper()
+	e.addGPUNodeWith(name, profile, nil, taints...)
+}
+
+// addGPUNodeWith is addGPUNode with extra resources in the node's capacity
+// and allocatable: the extended resources of tessera-node's device plugin
+// (nvidia.com/gpu, tessera.dev/gpu-share), which a kubelet would report.
+func (e *env) addGPUNodeWith(name, profile string, extra v1.ResourceList, taints ...v1.Taint) {
 	t := e.t
 	t.Helper()
+	capacity := v1.ResourceList{
+		v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi"), v1.ResourcePods: resource.MustParse("110"),
+	}
+	maps.Copy(capacity, extra)
 	e.cp.AddKwokNodeWith(t, &v1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec:       v1.NodeSpec{Taints: taints},
-		Status: v1.NodeStatus{Capacity: v1.ResourceList{
-			v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi"), v1.ResourcePods: resource.MustParse("110"),
-		}},
+		Status:     v1.NodeStatus{Capacity: capacity},
 	})
 	inv, err := gpu.NewFake(profile, name)
 	if err != nil {

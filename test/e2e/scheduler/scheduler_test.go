@@ -451,16 +451,16 @@ func TestConstraints(t *testing.T) {
 		}
 	})
 
-	// DESIGN.md's fraction annotations need the device-plugin path, which
-	// this version does not serve: such a pod waits with a reason (a
-	// malformed annotation is named), rather than being placed as if it
-	// asked for no GPU.
+	// DESIGN.md's fraction annotations without the tessera.dev/gpu-share
+	// slot (no webhook added it) and malformed ones: such a pod waits with
+	// a reason that says what to do, rather than being placed as if it
+	// asked for no GPU. (Scheduled ones: TestDevicePluginPods.)
 	t.Run("fraction annotations", func(t *testing.T) {
 		for name, frac := range map[string]string{"annotated-half": "0.5", "annotated-bad": "half"} {
 			e.createPod(podSpec{name: name, annotations: map[string]string{kube.AnnotationGPUFraction: frac}})
 		}
 		for name, want := range map[string]string{
-			"annotated-half": "which need the device-plugin path that this version of Tessera does not serve",
+			"annotated-half": "add tessera.dev/gpu-share: 1 to a container's limits, or install Tessera's admission webhook",
 			"annotated-bad":  `annotation tessera.dev/gpu-fraction: "half" is not a fraction`,
 		} {
 			e.eventually(name+" pending with its reason", 60*time.Second, func() (bool, string) {
