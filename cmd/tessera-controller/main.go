@@ -43,6 +43,8 @@ type options struct {
 	retryPeriod     time.Duration
 	releaseOnCancel bool
 	gpuResource     string
+	webhookAddr     string
+	webhookCertDir  string
 }
 
 // defaultNamespace is the controller's own namespace: the pod's (from the
@@ -75,6 +77,8 @@ func bindFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", app.DefaultRenewDeadline, "how long the leader keeps retrying to renew before it gives up (and exits); less than the lease duration")
 	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", app.DefaultRetryPeriod, "time between attempts to acquire or renew the Lease")
 	fs.StringVar(&o.gpuResource, "gpu-resource-name", assignment.DefaultResourceGPU, "extended resource of whole GPUs that tessera-node's device plugin advertises; pods asking for it get GPUs through the device-plugin path")
+	fs.StringVar(&o.webhookAddr, "webhook-addr", "", "address of the admission webhook for the fraction annotations, served over TLS by every replica (empty: off)")
+	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/etc/tessera/webhook", "directory of the webhook's tls.crt and tls.key (read again when they change)")
 	fs.BoolVar(&o.releaseOnCancel, "leader-elect-release-on-cancel", true, "give the Lease up on a clean shutdown so a standby takes over at once")
 }
 
@@ -89,6 +93,9 @@ func (o *options) validate() error {
 	}
 	if o.gpuResource == "" || !strings.Contains(o.gpuResource, "/") {
 		return fmt.Errorf("--gpu-resource-name must be an extended resource name such as %s, not %q", assignment.DefaultResourceGPU, o.gpuResource)
+	}
+	if o.webhookAddr != "" && o.webhookCertDir == "" {
+		return fmt.Errorf("--webhook-addr needs --webhook-cert-dir")
 	}
 	if o.workers <= 0 {
 		return fmt.Errorf("--workers must be positive")
@@ -136,6 +143,8 @@ func (o *options) appConfig(rc *rest.Config) app.Config {
 		},
 		Workers:         o.workers,
 		GPUResource:     o.gpuResource,
+		WebhookAddr:     o.webhookAddr,
+		WebhookCertDir:  o.webhookCertDir,
 		LeaderElect:     o.leaderElect,
 		LeaseNamespace:  o.leaseNamespace,
 		LeaseName:       o.leaseName,

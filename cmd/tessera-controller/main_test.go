@@ -38,6 +38,9 @@ func TestFlagDefaults(t *testing.T) {
 	if !cfg.LeaderElect || cfg.LeaseName != "tessera-controller" || cfg.LeaseDuration != 15*time.Second || !cfg.ReleaseOnCancel {
 		t.Errorf("leader election config %+v", cfg)
 	}
+	if cfg.WebhookAddr != "" {
+		t.Errorf("webhook on by default: %q", cfg.WebhookAddr)
+	}
 	if cfg.GPUResource != "nvidia.com/gpu" {
 		t.Errorf("GPU resource %q", cfg.GPUResource)
 	}
@@ -63,6 +66,7 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"--interval=0"}, "--interval"},
 		{[]string{"--workers=0"}, "--workers"},
 		{[]string{"--gpu-resource-name=gpu"}, "--gpu-resource-name"},
+		{[]string{"--webhook-addr=:9443", "--webhook-cert-dir="}, "--webhook-cert-dir"},
 		{[]string{"--kube-api-qps=0"}, "--kube-api-qps"},
 		{[]string{"--leader-elect-lease-duration=5s", "--leader-elect-renew-deadline=10s"}, "lease duration > renew deadline"},
 	} {

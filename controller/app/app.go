@@ -26,6 +26,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/controller/core"
 	"github.com/tessera-gpu/tessera/controller/kube"
+	"github.com/tessera-gpu/tessera/controller/webhook"
 )
 
 // Defaults of the leader election (those of kube-scheduler and most
@@ -74,6 +75,13 @@ type Config struct {
 	MetricsAddr string
 	HealthAddr  string
 
+	// WebhookAddr serves the admission webhook for the fraction annotations
+	// (controller/webhook) over TLS with tls.crt and tls.key of
+	// WebhookCertDir; "" = not served. Every replica serves it, leader or
+	// not: admission must not wait for a failover.
+	WebhookAddr    string
+	WebhookCertDir string
+
 	// OnLeading, when set, is told each time this replica starts (true) or
 	// stops (false) leading; tests use it.
 	OnLeading func(leading bool)
@@ -90,6 +98,7 @@ type Controller struct {
 	leaderG   prometheus.Gauge
 	watchdog  *leaderelection.HealthzAdaptor
 	servers   []*httpServer
+	webhook   *webhook.Server
 	startOnce sync.Once
 }
 
@@ -153,6 +162,11 @@ func New(cfg Config) (*Controller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("app: scheduler: %w", err)
 	}
+	if cfg.WebhookAddr != "" {
+		if c.webhook, err = webhook.New(webhook.Options{Addr: cfg.WebhookAddr, CertDir: cfg.WebhookCertDir}); err != nil {
+			return nil, fmt.Errorf("app: %w", err)
+		}
+	}
 	if err := c.listen(); err != nil {
 		return nil, err
 	}
@@ -199,6 +213,13 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer stopHTTP()
 	for _, s := range c.servers {
 		go s.serve(httpCtx)
+	}
+	if c.webhook != nil {
+		go func() {
+			if err := c.webhook.Run(httpCtx); err != nil {
+				klog.ErrorS(err, "Admission webhook failed")
+			}
+		}()
 	}
 	if !c.cfg.LeaderElect {
 		c.setLeading(true)

@@ -114,3 +114,12 @@ func check(w http.ResponseWriter, err error) {
 func metaFor(namespace, name string) metav1.ObjectMeta {
 	return metav1.ObjectMeta{Namespace: namespace, Name: name}
 }
+
+// WebhookAddr is the bound address of the admission webhook ("" when not
+// served).
+func (c *Controller) WebhookAddr() string {
+	if c.webhook == nil {
+		return ""
+	}
+	return c.webhook.Addr()
+}
