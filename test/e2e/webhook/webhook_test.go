@@ -1,0 +1,150 @@
+// Package webhook tests tessera-controller's admission webhook on a real
+// kube-apiserver: the webhook runs in-process on loopback with a self-signed
+// certificate, registered by a MutatingWebhookConfiguration like the chart's
+// (matchConditions, failurePolicy Fail, sideEffects None).
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/controller/webhook"
+	"github.com/tessera-gpu/tessera/internal/assignment"
+	"github.com/tessera-gpu/tessera/internal/selfsigned"
+	"github.com/tessera-gpu/tessera/test/controlplane"
+)
+
+func pod(name string, ann map[string]string) *v1.Pod {
+	return &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: ann},
+		Spec:       v1.PodSpec{Containers: []v1.Container{{Name: "main", Image: "busybox"}}},
+	}
+}
+
+// register points a MutatingWebhookConfiguration at the webhook on addr and
+// waits until the API server calls it.
+func register(t *testing.T, ctx context.Context, client kubernetes.Interface, addr string, caPEM []byte, ns string) {
+	t.Helper()
+	cfg := &admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "tessera-test"},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{{
+			Name: "pods.tessera.dev",
+			ClientConfig: admissionregistrationv1.WebhookClientConfig{
+				URL:      ptr.To("https://" + addr + webhook.Path),
+				CABundle: caPEM,
+			},
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)},
+			}},
+			MatchConditions:         []admissionregistrationv1.MatchCondition{{Name: "fraction-annotations", Expression: webhook.MatchCondition}},
+			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
+			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+			AdmissionReviewVersions: []string{"v1"},
+			NamespaceSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}},
+			TimeoutSeconds:          ptr.To(int32(5)),
+		}},
+	}
+	_, err := client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, cfg, metav1.CreateOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = client.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(context.Background(), cfg.Name, metav1.DeleteOptions{})
+	})
+	// The API server picks the configuration up from an informer: probe
+	// with dry-run creates until an annotated pod comes back mutated.
+	require.Eventually(t, func() bool {
+		p, err := client.CoreV1().Pods(ns).Create(ctx, pod("probe", map[string]string{assignment.AnnotationGPUFraction: "0.5"}), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err == nil && p.Spec.SchedulerName == "tessera-scheduler"
+	}, 30*time.Second, 200*time.Millisecond, "the webhook configuration never took effect")
+}
+
+func TestWebhook(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs a real kube-apiserver; skipped with -short")
+	}
+	cp := controlplane.Start(t, controlplane.Options{})
+	client := cp.Client(t)
+	ctx := t.Context()
+	ns := cp.CreateNamespace(t, "webhook").Name
+
+	dir := t.TempDir()
+	crt, key, err := selfsigned.Generate("tessera-webhook", "127.0.0.1")
+	require.NoError(t, err)
+	require.NoError(t, selfsigned.WriteDir(dir, crt, key))
+	srv, err := webhook.New(webhook.Options{Addr: "127.0.0.1:0", CertDir: dir})
+	require.NoError(t, err)
+	srvCtx, stopServer := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		assert.NoError(t, srv.Run(srvCtx))
+	}()
+	t.Cleanup(func() { stopServer(); <-done })
+	register(t, ctx, client, srv.Addr(), crt, ns)
+
+	create := func(p *v1.Pod) (*v1.Pod, error) {
+		return client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+	}
+	one := resource.MustParse("1")
+
+	t.Run("annotated pods get the share slot and tessera-scheduler", func(t *testing.T) {
+		for name, ann := range map[string]map[string]string{
+			"half":       {assignment.AnnotationGPUFraction: "0.5"},
+			"mem-sliced": {assignment.AnnotationGPUMemory: "20Gi", assignment.AnnotationGPUSharing: "timeslice"},
+		} {
+			got, err := create(pod(name, ann))
+			require.NoError(t, err, name)
+			assert.Equal(t, "tessera-scheduler", got.Spec.SchedulerName, name)
+			res := got.Spec.Containers[0].Resources
+			assert.True(t, one.Equal(res.Limits[assignment.ResourceShare]), "%s: limits %v", name, res.Limits)
+			assert.True(t, one.Equal(res.Requests[assignment.ResourceShare]), "%s: requests %v", name, res.Requests)
+			assert.Equal(t, ann, got.Annotations, name)
+		}
+	})
+
+	t.Run("malformed annotations are rejected with the reason", func(t *testing.T) {
+		for msg, ann := range map[string]map[string]string{
+			`annotation tessera.dev/gpu-fraction: "half" is not a fraction between 0 and 1`:       {assignment.AnnotationGPUFraction: "half"},
+			`annotation tessera.dev/gpu-memory: "lots" is not a positive amount of memory`:        {assignment.AnnotationGPUMemory: "lots"},
+			`annotation tessera.dev/gpu-sharing without tessera.dev/gpu-fraction`:                 {assignment.AnnotationGPUSharing: "mps"},
+			`annotation tessera.dev/gpu-sharing: "mig" is not mps or timeslice`:                   {assignment.AnnotationGPUFraction: "0.5", assignment.AnnotationGPUSharing: "mig"},
+			`annotations tessera.dev/gpu-fraction and tessera.dev/gpu-memory: give one, not both`: {assignment.AnnotationGPUFraction: "0.5", assignment.AnnotationGPUMemory: "1Gi"},
+		} {
+			_, err := create(pod("bad", ann))
+			require.Error(t, err, "%v", ann)
+			assert.Contains(t, err.Error(), msg)
+			assert.Contains(t, err.Error(), `admission webhook "pods.tessera.dev" denied the request`)
+		}
+	})
+
+	t.Run("plain pods pass unchanged", func(t *testing.T) {
+		got, err := create(pod("plain", map[string]string{"example.com/other": "x"}))
+		require.NoError(t, err)
+		assert.Equal(t, v1.DefaultSchedulerName, got.Spec.SchedulerName)
+		assert.Empty(t, got.Spec.Containers[0].Resources.Limits)
+	})
+
+	// matchConditions send only annotated pods: with the webhook down
+	// (failurePolicy Fail) plain pods are still created, annotated ones not.
+	t.Run("webhook down: only annotated pods are refused", func(t *testing.T) {
+		stopServer()
+		<-done
+		_, err := create(pod("plain-2", nil))
+		require.NoError(t, err)
+		_, err = create(pod("half-2", map[string]string{assignment.AnnotationGPUFraction: "0.5"}))
+		require.Error(t, err)
+		assert.True(t, strings.Contains(err.Error(), "failed calling webhook"), fmt.Sprint(err))
+	})
+}
