@@ -9,6 +9,8 @@ package chart
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"os"
 	"os/exec"
@@ -20,6 +22,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -40,6 +43,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/utils/ptr"
 
+	"github.com/tessera-gpu/tessera/controller/webhook"
 	"github.com/tessera-gpu/tessera/deploy/rbac"
 	"github.com/tessera-gpu/tessera/driver/deviceclasses"
 	"github.com/tessera-gpu/tessera/test/controlplane"
@@ -412,4 +416,51 @@ func TestChartOnAPIServer(t *testing.T) {
 func TestKindDemoScript(t *testing.T) {
 	out, err := exec.Command("bash", "-n", "../demo/kind/run.sh").CombinedOutput()
 	require.NoError(t, err, "%s", out)
+}
+
+// TestHelmTemplateWebhook checks the admission webhook's objects: the
+// configuration sends only annotated pods (the expression of
+// controller/webhook.MatchCondition), fails closed, skips the release's
+// namespace and kube-system, and trusts a CA that signed the served
+// certificate for the Service's name; the controller serves it from the
+// mounted Secret. Disabled, none of it renders.
+func TestHelmTemplateWebhook(t *testing.T) {
+	objs := render(t)
+	cfg := find[*admissionregistrationv1.MutatingWebhookConfiguration](objs, "tessera-controller")
+	require.NotNil(t, cfg)
+	require.Len(t, cfg.Webhooks, 1)
+	w := cfg.Webhooks[0]
+	require.Equal(t, []admissionregistrationv1.MatchCondition{{Name: "fraction-annotations", Expression: webhook.MatchCondition}}, w.MatchConditions)
+	require.Equal(t, admissionregistrationv1.Fail, *w.FailurePolicy)
+	require.Equal(t, admissionregistrationv1.SideEffectClassNone, *w.SideEffects)
+	require.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Create}, w.Rules[0].Operations)
+	require.Equal(t, []string{"pods"}, w.Rules[0].Resources)
+	require.Equal(t, []string{namespace, "kube-system"}, w.NamespaceSelector.MatchExpressions[0].Values)
+	svc := w.ClientConfig.Service
+	require.NotNil(t, svc)
+	require.Equal(t, webhook.Path, *svc.Path)
+	require.NotNil(t, find[*corev1.Service](objs, svc.Name))
+
+	secret := find[*corev1.Secret](objs, "tessera-controller-webhook-tls")
+	require.NotNil(t, secret)
+	pool := x509.NewCertPool()
+	require.True(t, pool.AppendCertsFromPEM(w.ClientConfig.CABundle))
+	block, _ := pem.Decode(secret.Data["tls.crt"])
+	require.NotNil(t, block)
+	cert, err := x509.ParseCertificate(block.Bytes)
+	require.NoError(t, err)
+	_, err = cert.Verify(x509.VerifyOptions{Roots: pool, DNSName: svc.Name + "." + namespace + ".svc"})
+	require.NoError(t, err, "the served certificate is trusted for the Service's name")
+
+	dep := find[*appsv1.Deployment](objs, "tessera-controller")
+	pod := dep.Spec.Template.Spec
+	require.Contains(t, pod.Containers[0].Args, "--webhook-addr=:9443")
+	require.Contains(t, pod.Containers[0].Args, "--webhook-cert-dir=/etc/tessera/webhook")
+	require.Contains(t, pod.Containers[0].Args, "--gpu-resource-name=nvidia.com/gpu")
+	require.Equal(t, "tessera-controller-webhook-tls", pod.Volumes[0].Secret.SecretName)
+
+	off := render(t, "--set", "controller.webhook.enabled=false")
+	require.Nil(t, find[*admissionregistrationv1.MutatingWebhookConfiguration](off, "tessera-controller"))
+	require.Nil(t, find[*corev1.Secret](off, "tessera-controller-webhook-tls"))
+	require.NotContains(t, find[*appsv1.Deployment](off, "tessera-controller").Spec.Template.Spec.Containers[0].Args, "--webhook-addr=:9443")
 }
