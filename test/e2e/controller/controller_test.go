@@ -25,6 +25,7 @@ import (
 	"github.com/tessera-gpu/tessera/controller/app"
 	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/deploy/rbac"
+	"github.com/tessera-gpu/tessera/internal/assignment"
 	"github.com/tessera-gpu/tessera/test/controlplane"
 )
 
@@ -323,6 +324,38 @@ func TestRBACSufficient(t *testing.T) {
 			}
 		}
 		return false, "no PodScheduled=False"
+	})
+	// A device-plugin pod (nvidia.com/gpu) on a node whose device plugin
+	// advertises it: the controller writes its assignment annotation
+	// before binding it (pods patch).
+	addGPUNode(t, cp, "rbac-dp-node", 1)
+	dpNode, err := client.CoreV1().Nodes().Get(ctx, "rbac-dp-node", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dpNode.Status.Capacity[assignment.DefaultResourceGPU] = resource.MustParse("1")
+	dpNode.Status.Allocatable[assignment.DefaultResourceGPU] = resource.MustParse("1")
+	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, dpNode, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dp := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "dp"},
+		Spec: v1.PodSpec{SchedulerName: kube.SchedulerName, TerminationGracePeriodSeconds: ptr.To(int64(0)), Containers: []v1.Container{{
+			Name: "c", Image: "busybox",
+			Resources: v1.ResourceRequirements{Limits: v1.ResourceList{assignment.DefaultResourceGPU: resource.MustParse("1")}},
+		}}},
+	}
+	if _, err := client.CoreV1().Pods(ns).Create(ctx, dp, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "dp bound with its assignment", 60*time.Second, func() (bool, string) {
+		p, err := client.CoreV1().Pods(ns).Get(ctx, "dp", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		a, ok, err := assignment.Of(p.Annotations)
+		return p.Spec.NodeName == "rbac-dp-node" && ok && err == nil && len(a.GPUs) == 1,
+			fmt.Sprintf("node %q, assignment %q (%v)", p.Spec.NodeName, p.Annotations[assignment.Annotation], err)
 	})
 	eventually(t, "Queue and PodGroup status", 30*time.Second, func() (bool, string) {
 		q, err := dyn.Resource(queueGVR).Get(ctx, "rbac-team", metav1.GetOptions{})
