@@ -102,8 +102,8 @@ func newEnv(t *testing.T, pods ...*corev1.Pod) *env {
 	e.drv, err = driver.Start(context.Background(), driver.Options{
 		NodeName: nodeName, KubeClient: client, Inventory: f,
 		RegistrarDir: filepath.Join(dir, "reg"), PluginDataDir: filepath.Join(dir, "plugins"),
-		CDI: cdi.Options{Root: e.cdiRoot, Fake: true},
-		MPS: &sharing.MPSOptions{Control: control, Root: filepath.Join(dir, "mps"), Env: []string{drivertest.RecordEnv + "=" + record}},
+		CDI:        cdi.Options{Root: e.cdiRoot, Fake: true},
+		MPS:        &sharing.MPSOptions{Control: control, Root: filepath.Join(dir, "mps"), Env: []string{drivertest.RecordEnv + "=" + record}},
 		BootIDPath: bootID,
 	})
 	require.NoError(t, err)
@@ -129,7 +129,7 @@ func (e *env) startPlugins(t *testing.T) {
 	e.mgr = m
 }
 
-func (e *env) client_(t *testing.T, socket string) pluginapi.DevicePluginClient {
+func (e *env) dial(t *testing.T, socket string) pluginapi.DevicePluginClient {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+filepath.Join(e.dpDir, socket), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
@@ -184,9 +184,9 @@ func TestRegisterListAndWatchHealth(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	whole, err := e.client_(t, GPUSocket).ListAndWatch(ctx, &pluginapi.Empty{})
+	whole, err := e.dial(t, GPUSocket).ListAndWatch(ctx, &pluginapi.Empty{})
 	require.NoError(t, err)
-	share, err := e.client_(t, ShareSocket).ListAndWatch(ctx, &pluginapi.Empty{})
+	share, err := e.dial(t, ShareSocket).ListAndWatch(ctx, &pluginapi.Empty{})
 	require.NoError(t, err)
 
 	health := func(devs []*pluginapi.Device) map[string]string {
@@ -254,7 +254,7 @@ func TestKubeletRestart(t *testing.T) {
 	// The plugin serves again on its socket.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	opts, err := e.client_(t, GPUSocket).GetDevicePluginOptions(ctx, &pluginapi.Empty{}, grpc.WaitForReady(true))
+	opts, err := e.dial(t, GPUSocket).GetDevicePluginOptions(ctx, &pluginapi.Empty{}, grpc.WaitForReady(true))
 	require.NoError(t, err)
 	assert.True(t, opts.GetPreferredAllocationAvailable)
 
@@ -299,7 +299,7 @@ func TestAllocate(t *testing.T) {
 	waitRegistered(t, e.kubelet, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sc, wc := e.client_(t, ShareSocket), e.client_(t, GPUSocket)
+	sc, wc := e.dial(t, ShareSocket), e.dial(t, GPUSocket)
 
 	// The oldest share pod gets the first share.
 	resp, err := allocate(ctx, sc, "gpu-0-slot-0")
@@ -406,7 +406,7 @@ func TestAllocateErrors(t *testing.T) {
 			waitRegistered(t, e.kubelet, 1)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			_, err := allocate(ctx, e.client_(t, tc.resource), tc.ids...)
+			_, err := allocate(ctx, e.dial(t, tc.resource), tc.ids...)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 			assert.Empty(t, e.drv.PodAllocations())
