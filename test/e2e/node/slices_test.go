@@ -25,7 +25,7 @@ type nodeEnv struct {
 	bootID                   string
 	// devicePlugins is the kubelet's device-plugin directory of this node.
 	devicePlugins string
-	fake                     *gpu.Fake
+	fake          *gpu.Fake
 }
 
 func newNodeEnv(t testing.TB, name, profile string) *nodeEnv {
