@@ -47,28 +47,51 @@ func (k *devicePluginKubelet) endpoint(resourceName string) string {
 	return k.got[resourceName]
 }
 
-// startDevicePlugins serves a kubelet.sock in the node's device-plugin
-// directory and starts the device plugins on d's ledger; it returns a
-// client of the share plugin's endpoint, as registered.
-func (e *nodeEnv) startDevicePlugins(t testing.TB, d *driver.Driver) pluginapi.DevicePluginClient {
+// startDevicePluginKubelet serves the kubelet's kubelet.sock in the node's
+// device-plugin directory.
+func (e *nodeEnv) startDevicePluginKubelet(t testing.TB) *devicePluginKubelet {
 	t.Helper()
 	require.NoError(t, os.MkdirAll(e.devicePlugins, 0o750))
-	lis, err := net.Listen("unix", filepath.Join(e.devicePlugins, "kubelet.sock"))
+	sock := filepath.Join(e.devicePlugins, "kubelet.sock")
+	_ = os.Remove(sock)
+	lis, err := net.Listen("unix", sock)
 	require.NoError(t, err)
 	k := &devicePluginKubelet{got: map[string]string{}}
 	srv := grpc.NewServer()
 	pluginapi.RegisterRegistrationServer(srv, k)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
+	return k
+}
 
+// shareClient waits until the share plugin registered with k and returns a
+// client of its endpoint.
+func (e *nodeEnv) shareClient(t testing.TB, k *devicePluginKubelet) pluginapi.DevicePluginClient {
+	t.Helper()
+	require.Eventually(t, func() bool { return k.endpoint(assignment.ResourceShare) != "" }, 30*time.Second, 20*time.Millisecond)
+	return pluginapi.NewDevicePluginClient(dial(t, filepath.Join(e.devicePlugins, k.endpoint(assignment.ResourceShare))))
+}
+
+// startDevicePlugins starts the device plugins in this process on d's
+// ledger, with a kubelet; it returns a client of the share plugin.
+func (e *nodeEnv) startDevicePlugins(t testing.TB, d *driver.Driver) pluginapi.DevicePluginClient {
+	t.Helper()
+	k := e.startDevicePluginKubelet(t)
 	m, err := deviceplugin.Start(context.Background(), deviceplugin.Options{
 		NodeName: e.name, KubeClient: cluster(t).Client(t), Inventory: e.fake, Ledger: d,
 		Dir: e.devicePlugins, CheckInterval: 50 * time.Millisecond,
 	})
 	require.NoError(t, err)
 	t.Cleanup(m.Stop)
-	require.Eventually(t, func() bool { return k.endpoint(assignment.ResourceShare) != "" }, 30*time.Second, 20*time.Millisecond)
-	return pluginapi.NewDevicePluginClient(dial(t, filepath.Join(e.devicePlugins, k.endpoint(assignment.ResourceShare))))
+	return e.shareClient(t, k)
+}
+
+func allocateShare(ctx context.Context, c pluginapi.DevicePluginClient, slot string) (*pluginapi.ContainerAllocateResponse, error) {
+	resp, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{slot}}}}, grpc.WaitForReady(true))
+	if err != nil {
+		return nil, err
+	}
+	return resp.ContainerResponses[0], nil
 }
 
 // sharePod is a pod bound to node with one share slot and the controller's
@@ -109,11 +132,10 @@ func TestDevicePluginShareAndClaim(t *testing.T) {
 	require.NoError(t, err)
 
 	// The kubelet admits it: Allocate over the plugin's socket.
-	resp, err := share.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"gpu-3-slot-0"}}}}, grpc.WaitForReady(true))
+	resp, err := allocateShare(ctx, share, "gpu-3-slot-0")
 	require.NoError(t, err)
-	require.Len(t, resp.ContainerResponses, 1)
-	require.Len(t, resp.ContainerResponses[0].CdiDevices, 1)
-	cdiID := resp.ContainerResponses[0].CdiDevices[0].Name
+	require.Len(t, resp.CdiDevices, 1)
+	cdiID := resp.CdiDevices[0].Name
 	env := envOf(t, readSpec(t, e.cdi, string(pod.UID)))
 	assert.Equal(t, uuid+"=61440M", env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"])
 	assert.Equal(t, "75", env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
@@ -150,4 +172,68 @@ func TestDevicePluginShareAndClaim(t *testing.T) {
 	assert.True(t, os.IsNotExist(err), "the pod's CDI spec is removed")
 	dra.mustPrepare(t, claim)
 	dra.mustUnprepare(t, claim)
+}
+
+// TestDevicePluginSurvivesRestart runs the tessera-node binary: a share
+// allocated through the device plugin survives a crash (the ledger is
+// reloaded and still holds the GPU); a pod deleted while tessera-node is
+// down is released when it starts again.
+func TestDevicePluginSurvivesRestart(t *testing.T) {
+	c := cluster(t)
+	client := c.Client(t)
+	e := newNodeEnv(t, "dp-restart", "h100-sxm-8")
+	c.AddKwokNode(t, e.name, nil)
+	ns := "deviceplugin-restart"
+	c.CreateNamespace(t, ns)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	draSocket := filepath.Join(e.plugins, "dra.sock")
+	uuid := gpu.FakeUUID(e.name, 5)
+	pod, err := client.CoreV1().Pods(ns).Create(ctx, sharePod(ns, "infer", e.name, assignment.Assignment{
+		GPUs: []int{5}, MemoryBytes: 50 << 30, ComputeMilli: 500, Sharing: assignment.SharingTimeSlicing,
+	}), metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	k := e.startDevicePluginKubelet(t)
+	p := e.spawn(t, c.KubeconfigPath, nil)
+	resp, err := allocateShare(ctx, e.shareClient(t, k), "gpu-5-slot-3")
+	require.NoError(t, err)
+	require.Len(t, resp.CdiDevices, 1)
+	env := envOf(t, readSpec(t, e.cdi, string(pod.UID)))
+	assert.Equal(t, "TimeSlicing", env["TESSERA_SHARING"])
+	assert.Equal(t, "Default", env["TESSERA_TIMESLICE_INTERVAL"])
+	assert.Equal(t, uuid, env["NVIDIA_VISIBLE_DEVICES"])
+
+	// Crash, restart: the entry is still there and still holds the GPU.
+	require.NoError(t, p.cmd.Process.Kill())
+	_ = p.wait(t, 30*time.Second)
+	os.Remove(draSocket)
+	p = e.spawn(t, c.KubeconfigPath, nil)
+	require.Contains(t, readCheckpoint(t, e).DevicePlugin, string(pod.UID))
+	claim := createAllocatedClaim(t, client, drivertest.Claim(ns, "big", "", []resourceapi.DeviceRequestAllocationResult{
+		drivertest.Result("gpu", e.name, "gpu-5", "40Gi"),
+	}, drivertest.Strategy("TimeSlicing")))
+	dra := direct(t, draSocket)
+	res, err := dra.prepare(ctx, claim)
+	require.NoError(t, err)
+	assert.Contains(t, res[string(claim.UID)].Error, "pod deviceplugin-restart/infer (device plugin)")
+	_, err = readSpecErr(e.cdi, string(pod.UID))
+	require.NoError(t, err, "the pod's CDI spec is kept across the restart")
+
+	// Down again; the pod is deleted meanwhile; the start releases it.
+	p.stop(t)
+	require.NoError(t, client.CoreV1().Pods(ns).Delete(ctx, "infer", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}))
+	require.Eventually(t, func() bool {
+		_, err := client.CoreV1().Pods(ns).Get(ctx, "infer", metav1.GetOptions{})
+		return ignoreNotFound(err) == nil && err != nil
+	}, 30*time.Second, 50*time.Millisecond)
+	os.Remove(draSocket)
+	p = e.spawn(t, c.KubeconfigPath, nil)
+	dra = direct(t, draSocket)
+	require.Eventually(t, func() bool { return len(readCheckpoint(t, e).DevicePlugin) == 0 }, 30*time.Second, 50*time.Millisecond)
+	_, err = readSpecErr(e.cdi, string(pod.UID))
+	assert.True(t, os.IsNotExist(err), "the pod's CDI spec is removed")
+	dra.mustPrepare(t, claim)
+	dra.mustUnprepare(t, claim)
+	p.stop(t)
 }
