@@ -414,6 +414,52 @@ func TestAllocateErrors(t *testing.T) {
 	}
 }
 
+func TestAllocateShareOnUnhealthyGPU(t *testing.T) {
+	e := newEnv(t, pod("s", assignment.ResourceShare, 1, &assignment.Assignment{GPUs: []int{6}, MemoryBytes: 1 << 30, ComputeMilli: 100, Sharing: assignment.SharingMPS}, "", time.Now()))
+	waitRegistered(t, e.kubelet, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream, err := e.dial(t, ShareSocket).ListAndWatch(ctx, &pluginapi.Empty{})
+	require.NoError(t, err)
+	_, err = stream.Recv()
+	require.NoError(t, err)
+	require.NoError(t, e.fake.InjectXID(6, 79))
+	_, err = stream.Recv() // the health change is known
+	require.NoError(t, err)
+	_, err = allocate(ctx, e.dial(t, ShareSocket), "gpu-0-slot-0")
+	require.ErrorContains(t, err, "pod ns/s: its assigned GPU 6 ("+uuid(6)+") is unhealthy")
+	assert.Empty(t, e.drv.PodAllocations())
+
+	require.NoError(t, e.fake.Recover(6))
+	_, err = stream.Recv()
+	require.NoError(t, err)
+	_, err = allocate(ctx, e.dial(t, ShareSocket), "gpu-0-slot-0")
+	require.NoError(t, err)
+}
+
+// TestPodOrder: the oldest binding wins; equal binding times go by creation.
+func TestPodOrder(t *testing.T) {
+	t0 := time.Now().Truncate(time.Second)
+	a := pod("a", assignment.ResourceShare, 1, &assignment.Assignment{GPUs: []int{1}, MemoryBytes: 1 << 30, ComputeMilli: 100, Sharing: assignment.SharingMPS}, "", t0)
+	b := pod("b", assignment.ResourceShare, 1, &assignment.Assignment{GPUs: []int{2}, MemoryBytes: 1 << 30, ComputeMilli: 100, Sharing: assignment.SharingMPS}, "", t0)
+	c := pod("c", assignment.ResourceShare, 1, &assignment.Assignment{GPUs: []int{3}, MemoryBytes: 1 << 30, ComputeMilli: 100, Sharing: assignment.SharingMPS}, "", t0.Add(-time.Second))
+	a.CreationTimestamp = metav1.NewTime(t0.Add(-time.Minute))
+	b.CreationTimestamp = metav1.NewTime(t0.Add(-2 * time.Minute))
+	m := &Manager{opts: Options{NodeName: nodeName, Ledger: noLedger{}}}
+	p := &plugin{m: m, resource: assignment.ResourceShare}
+	got, malformed := p.filter([]*corev1.Pod{a, b, c}, 1)
+	assert.Empty(t, malformed)
+	var names []string
+	for _, x := range got {
+		names = append(names, x.pod.Name)
+	}
+	assert.Equal(t, []string{"c", "b", "a"}, names)
+}
+
+type noLedger struct{ Ledger }
+
+func (noLedger) PodAllocations() []driver.PodCheckpoint { return nil }
+
 // TestReconcileAtStart: entries of pods that went away while tessera-node
 // was down are released when the device plugin starts; others stay.
 func TestReconcileAtStart(t *testing.T) {

@@ -138,6 +138,7 @@ const (
 	reasonBadAnnotation = "bad_annotation"
 	reasonConflict      = "conflict"
 	reasonGPUMismatch   = "gpu_mismatch"
+	reasonGPUUnhealthy  = "gpu_unhealthy"
 	reasonError         = "error"
 )
 
@@ -178,6 +179,11 @@ func (p *plugin) allocate(ctx context.Context, deviceIDs []string) (*pluginapi.C
 				"pod", klog.KObj(pod), "kubelet", deviceIDs, "assigned", assigned)
 		}
 	} else {
+		// A slot names no GPU, so the kubelet's health check of the slot
+		// does not cover the assigned GPU: check it here.
+		if unhealthy, _ := p.m.health(); unhealthy[assigned[0]] {
+			return nil, reasonGPUUnhealthy, fmt.Errorf("%s: its assigned GPU %d (%s) is unhealthy", who, a.GPUs[0], assigned[0])
+		}
 		req.GPUs = assigned
 		req.MemoryBytes = uint64(a.MemoryBytes)
 		req.Config = shareConfig(a)
@@ -266,12 +272,18 @@ func (p *plugin) filter(pods []*corev1.Pod, n int) ([]candidate, []string) {
 		}
 		out = append(out, candidate{pod: pod, a: a})
 	}
+	// Oldest binding first; binding times have a resolution of a second, so
+	// ties go by creation, the order in which the kubelet admits a batch of
+	// pods it receives together.
 	sort.SliceStable(out, func(i, j int) bool {
-		ti, tj := bound(out[i].pod), bound(out[j].pod)
-		if !ti.Equal(&tj) {
+		pi, pj := out[i].pod, out[j].pod
+		if ti, tj := bound(pi), bound(pj); !ti.Equal(&tj) {
 			return ti.Before(&tj)
 		}
-		return out[i].pod.Namespace+"/"+out[i].pod.Name < out[j].pod.Namespace+"/"+out[j].pod.Name
+		if ci, cj := pi.CreationTimestamp, pj.CreationTimestamp; !ci.Equal(&cj) {
+			return ci.Before(&cj)
+		}
+		return pi.Namespace+"/"+pi.Name < pj.Namespace+"/"+pj.Name
 	})
 	return out, malformed
 }

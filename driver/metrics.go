@@ -57,7 +57,7 @@ func newMetrics(reg prometheus.Registerer, mpsDaemons func() float64) *metrics {
 		}, []string{"resource"}),
 		devicePluginRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "tessera", Subsystem: "node", Name: "deviceplugin_refusals_total",
-			Help: "Device-plugin Allocate calls refused, per extended resource and reason (no_pod, bad_annotation, conflict, gpu_mismatch, error).",
+			Help: "Device-plugin Allocate calls refused, per extended resource and reason (no_pod, bad_annotation, conflict, gpu_mismatch, gpu_unhealthy, error).",
 		}, []string{"resource", "reason"}),
 		devicePluginReleases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "tessera", Subsystem: "node", Name: "deviceplugin_releases_total",
