@@ -16,6 +16,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/utils/ptr"
 
@@ -94,6 +95,19 @@ func allocateShare(ctx context.Context, c pluginapi.DevicePluginClient, slot str
 	return resp.ContainerResponses[0], nil
 }
 
+// removeNodeAtEnd deletes the kwok node and its ResourceSlices when the
+// test ends, so the stock scheduler of later tests does not place their
+// pods on it.
+func removeNodeAtEnd(t testing.TB, client kubernetes.Interface, node string) {
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_ = client.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{})
+		_ = client.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{
+			FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + node,
+		})
+	})
+}
+
 // sharePod is a pod bound to node with one share slot and the controller's
 // assignment.
 func sharePod(ns, name, node string, a assignment.Assignment) *corev1.Pod {
@@ -114,6 +128,7 @@ func TestDevicePluginShareAndClaim(t *testing.T) {
 	client := c.Client(t)
 	e := newNodeEnv(t, "dp-h100", "h100-sxm-8")
 	c.AddKwokNode(t, e.name, nil)
+	removeNodeAtEnd(t, client, e.name)
 	ns := "deviceplugin"
 	c.CreateNamespace(t, ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -183,6 +198,7 @@ func TestDevicePluginSurvivesRestart(t *testing.T) {
 	client := c.Client(t)
 	e := newNodeEnv(t, "dp-restart", "h100-sxm-8")
 	c.AddKwokNode(t, e.name, nil)
+	removeNodeAtEnd(t, client, e.name)
 	ns := "deviceplugin-restart"
 	c.CreateNamespace(t, ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
