@@ -117,6 +117,9 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	if opts.ShareSlots == 0 {
 		opts.ShareSlots = DefaultShareSlots
 	}
+	if opts.GPUResource == assignment.ResourceShare {
+		return nil, fmt.Errorf("device plugin: the whole-GPU resource cannot be %s, the resource of shares", assignment.ResourceShare)
+	}
 	if opts.ShareSlots < 0 {
 		return nil, fmt.Errorf("device plugin: %d share slots per GPU", opts.ShareSlots)
 	}
@@ -176,7 +179,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	if !synced {
 		m.cancel()
 		factory.Shutdown()
-		return nil, fmt.Errorf("device plugin: the pods of node %s did not sync", opts.NodeName)
+		return nil, fmt.Errorf("device plugin: the pods of node %s did not sync within a minute (may tessera-node list and watch pods? see the chart's node-rbac.yaml)", opts.NodeName)
 	}
 	// Pods that went away while tessera-node was down release their GPUs
 	// before anything is offered.
@@ -231,7 +234,9 @@ func (m *Manager) run(ctx context.Context) {
 				logger.Info("Kubelet socket gone; waiting for the kubelet", "socket", kubeletSock)
 			}
 			kubelet = nil
-		case kubelet == nil || !os.SameFile(kubelet, cur) || m.socketsMissing():
+		// A new kubelet.sock may reuse the old inode: compare the
+		// modification time too.
+		case kubelet == nil || !os.SameFile(kubelet, cur) || !cur.ModTime().Equal(kubelet.ModTime()) || m.socketsMissing():
 			if kubelet != nil {
 				logger.Info("Kubelet restarted; serving and registering the device plugins again")
 			}
