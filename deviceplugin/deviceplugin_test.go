@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -78,12 +79,38 @@ type env struct {
 	mgr                 *Manager
 	kubelet             *fakeKubelet
 	record              string
+	reg                 *prometheus.Registry
+}
+
+// metric is the value of a counter or gauge with the given labels, 0 when absent.
+func (e *env) metric(t *testing.T, name string, labels map[string]string) float64 {
+	t.Helper()
+	families, err := e.reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if v, ok := labels[l.GetName()]; ok && v != l.GetValue() {
+					continue next
+				}
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
 }
 
 func newEnv(t *testing.T, pods ...*corev1.Pod) *env {
 	t.Helper()
 	dir := drivertest.ShortTempDir(t)
-	e := &env{dir: dir, dpDir: filepath.Join(dir, "dp"), cdiRoot: filepath.Join(dir, "cdi")}
+	e := &env{dir: dir, dpDir: filepath.Join(dir, "dp"), cdiRoot: filepath.Join(dir, "cdi"), reg: prometheus.NewRegistry()}
 	require.NoError(t, os.MkdirAll(e.dpDir, 0o750))
 	f, err := gpu.NewFake("h100-sxm-8", nodeName, gpu.WithHealthProbeInterval(20*time.Millisecond), gpu.WithRecoveryQuietPeriod(50*time.Millisecond))
 	require.NoError(t, err)
@@ -105,6 +132,7 @@ func newEnv(t *testing.T, pods ...*corev1.Pod) *env {
 		CDI:        cdi.Options{Root: e.cdiRoot, Fake: true},
 		MPS:        &sharing.MPSOptions{Control: control, Root: filepath.Join(dir, "mps"), Env: []string{drivertest.RecordEnv + "=" + record}},
 		BootIDPath: bootID,
+		Registerer: e.reg,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -305,7 +333,7 @@ func TestAllocate(t *testing.T) {
 	resp, err := allocate(ctx, sc, "gpu-0-slot-0")
 	require.NoError(t, err)
 	require.Len(t, resp.CdiDevices, 1)
-	assert.True(t, strings.HasPrefix(resp.CdiDevices[0].Name, "gpu.tessera.dev/claim=uid-share_"), resp.CdiDevices[0].Name)
+	assert.True(t, strings.HasPrefix(resp.CdiDevices[0].Name, "gpu.tessera.dev/claim=uid-shareLabels"), resp.CdiDevices[0].Name)
 	env := specEnv(t, e.cdiRoot, "uid-share")
 	assert.Equal(t, uuid(3)+"=20480M", env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"])
 	assert.Equal(t, "25", env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
@@ -355,6 +383,14 @@ func TestAllocate(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no pod bound to node dp-node awaits nvidia.com/gpu with a tessera.dev/gpu-assignment annotation")
 
+	shareLabels := map[string]string{"resource": assignment.ResourceShare}
+	assert.Equal(t, 1.0, e.metric(t, "tessera_node_deviceplugin_allocations_total", shareLabels))
+	assert.Equal(t, 1.0, e.metric(t, "tessera_node_deviceplugin_refusals_total", map[string]string{"resource": assignment.ResourceShare, "reason": "conflict"}))
+	assert.Equal(t, 1.0, e.metric(t, "tessera_node_deviceplugin_refusals_total", map[string]string{"resource": "nvidia.com/gpu", "reason": "no_pod"}))
+	assert.Equal(t, 1.0, e.metric(t, "tessera_node_deviceplugin_pods", map[string]string{"resource": "nvidia.com/gpu"}))
+	assert.Equal(t, float64(20<<30), e.metric(t, "tessera_node_gpu_memory_allocated_bytes", map[string]string{"gpu": "gpu-3"}))
+	assert.Equal(t, float64(80<<30), e.metric(t, "tessera_node_gpu_memory_allocated_bytes", map[string]string{"gpu": "gpu-4"}))
+
 	// Deleting the pod releases its GPU: the younger share now fits.
 	require.NoError(t, e.client.CoreV1().Pods("ns").Delete(ctx, "share", metav1.DeleteOptions{}))
 	require.Eventually(t, func() bool { return len(e.drv.PodAllocations()) == 1 }, 10*time.Second, 20*time.Millisecond)
@@ -362,6 +398,7 @@ func TestAllocate(t *testing.T) {
 	assert.True(t, os.IsNotExist(err), "CDI spec removed")
 	_, err = allocate(ctx, sc, "gpu-0-slot-1")
 	require.NoError(t, err)
+	assert.Equal(t, 1.0, e.metric(t, "tessera_node_deviceplugin_releases_total", shareLabels))
 
 	// A finished pod releases too.
 	w, err := e.client.CoreV1().Pods("ns").Get(ctx, "whole", metav1.GetOptions{})
