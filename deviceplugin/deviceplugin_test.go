@@ -333,7 +333,7 @@ func TestAllocate(t *testing.T) {
 	resp, err := allocate(ctx, sc, "gpu-0-slot-0")
 	require.NoError(t, err)
 	require.Len(t, resp.CdiDevices, 1)
-	assert.True(t, strings.HasPrefix(resp.CdiDevices[0].Name, "gpu.tessera.dev/claim=uid-shareLabels"), resp.CdiDevices[0].Name)
+	assert.True(t, strings.HasPrefix(resp.CdiDevices[0].Name, "gpu.tessera.dev/claim=uid-share_"), resp.CdiDevices[0].Name)
 	env := specEnv(t, e.cdiRoot, "uid-share")
 	assert.Equal(t, uuid(3)+"=20480M", env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"])
 	assert.Equal(t, "25", env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
