@@ -237,13 +237,17 @@ func TestHelmTemplateDefaults(t *testing.T) {
 			}
 		}
 	}
-	for _, p := range []string{"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi", "/dev", "/run/tessera/mps"} {
+	for _, p := range []string{"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/device-plugins", "/var/run/cdi", "/dev", "/run/tessera/mps"} {
 		require.Equal(t, p, hostPaths[p], "host path %s mounted at the same place; mounts: %v", p, hostPaths)
 	}
 	require.Equal(t, "/", hostPaths["/driver-root"], "real mode mounts the driver root")
 	require.Contains(t, c.Args, "--kubelet-plugin-dir=/var/lib/kubelet/plugins/gpu.tessera.dev")
 	require.Contains(t, c.Args, "--kubelet-registrar-dir=/var/lib/kubelet/plugins_registry")
 	require.Contains(t, c.Args, "--driver-root=/driver-root")
+	require.Contains(t, c.Args, "--device-plugin=true")
+	require.Contains(t, c.Args, "--device-plugin-dir=/var/lib/kubelet/device-plugins")
+	require.Contains(t, c.Args, "--gpu-resource-name=nvidia.com/gpu")
+	require.Contains(t, c.Args, "--share-slots=10")
 	require.Equal(t, "spec.nodeName", c.Env[0].ValueFrom.FieldRef.FieldPath)
 	require.Equal(t, "NODE_NAME", c.Env[0].Name)
 
@@ -254,6 +258,7 @@ func TestHelmTemplateDefaults(t *testing.T) {
 		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
 		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
 	}, nodeRole.Rules)
 
 	// tessera-controller: 2 leader-elected replicas, RBAC of deploy/rbac.
@@ -281,9 +286,18 @@ func TestHelmTemplateDefaults(t *testing.T) {
 func TestHelmTemplateValues(t *testing.T) {
 	objs := render(t, "--namespace", "gpu", "-f", "../demo/kind/values.yaml",
 		"--set", "controller.replicas=1", "--set", "controller.leaderElection.leaseName=my-lease",
-		"--set", "node.sharing.mode=MPS", "--set", "priorityClasses.create=false")
+		"--set", "node.sharing.mode=MPS", "--set", "priorityClasses.create=false",
+		"--set", "node.devicePlugin.enabled=false")
 	ds := find[*appsv1.DaemonSet](objs, "tessera-node")
 	c := ds.Spec.Template.Spec.Containers[0]
+	require.Contains(t, c.Args, "--device-plugin=false")
+	require.NotContains(t, c.Args, "--device-plugin-dir=/var/lib/kubelet/device-plugins")
+	for _, m := range c.VolumeMounts {
+		require.NotEqual(t, "device-plugins", m.Name, "no device-plugin directory without the device plugin")
+	}
+	for _, r := range find[*rbacv1.ClusterRole](objs, "tessera-node").Rules {
+		require.NotContains(t, r.Resources, "pods", "no pod access without the device plugin")
+	}
 	require.Contains(t, c.Args, "--fake-gpus=h100-sxm-8")
 	require.Contains(t, c.Args, "--sharing-mode=MPS")
 	require.NotContains(t, c.Args, "--driver-root=/driver-root")

@@ -39,7 +39,8 @@ var (
 	ErrCheckpointVersion = errors.New("checkpoint was written by a newer tessera-node")
 )
 
-// Checkpoint is the node's durable record of prepared claims.
+// Checkpoint is the node's durable record of prepared claims and
+// device-plugin allocations: the one ledger of the node's GPU capacity.
 type Checkpoint struct {
 	Version int `json:"version"`
 	// BootID is the node's boot ID when the file was written; a different
@@ -48,6 +49,11 @@ type Checkpoint struct {
 	BootID string `json:"bootID"`
 	// Claims by UID.
 	Claims map[string]*ClaimCheckpoint `json:"claims"`
+	// DevicePlugin holds the device-plugin allocations by pod UID: the same
+	// ledger as the claims, so neither path hands out capacity the other
+	// holds. Added without a version bump: older builds keep the field
+	// unknown and write it back (but do not account it).
+	DevicePlugin map[string]*PodCheckpoint `json:"devicePlugin,omitempty"`
 
 	// unknown holds fields of a newer build of the same version, written
 	// back unchanged so a downgrade-upgrade cycle loses nothing.
@@ -63,6 +69,26 @@ type ClaimCheckpoint struct {
 	Devices   []DeviceCheckpoint `json:"devices"`
 	// PreparedAt is when the claim reached its current state.
 	Time time.Time `json:"time"`
+
+	unknown map[string]json.RawMessage
+}
+
+// PodCheckpoint is one device-plugin allocation: a pod that got whole GPUs
+// or a share of one through an extended resource. Its devices are recorded
+// like a claim's (Request is the resource name, Pool the node, Strategy
+// Exclusive for whole GPUs), so the ledger checks treat both paths alike.
+type PodCheckpoint struct {
+	UID       string `json:"uid"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// Resource is the extended resource (nvidia.com/gpu, tessera.dev/gpu-share).
+	Resource string `json:"resource"`
+	State    string `json:"state"`
+	// DeviceIDs are the kubelet's device IDs of the allocation (GPU UUIDs or
+	// share slots): what the kubelet accounts.
+	DeviceIDs []string           `json:"deviceIDs,omitempty"`
+	Devices   []DeviceCheckpoint `json:"devices"`
+	Time      time.Time          `json:"time"`
 
 	unknown map[string]json.RawMessage
 }
@@ -84,11 +110,29 @@ type DeviceCheckpoint struct {
 
 // NewCheckpoint returns an empty checkpoint for this boot.
 func NewCheckpoint(bootID string) *Checkpoint {
-	return &Checkpoint{Version: CheckpointVersion, BootID: bootID, Claims: map[string]*ClaimCheckpoint{}}
+	return &Checkpoint{Version: CheckpointVersion, BootID: bootID, Claims: map[string]*ClaimCheckpoint{}, DevicePlugin: map[string]*PodCheckpoint{}}
 }
 
-var checkpointFields = []string{"version", "bootID", "claims"}
+var checkpointFields = []string{"version", "bootID", "claims", "devicePlugin"}
 var claimFields = []string{"uid", "namespace", "name", "state", "devices", "time"}
+var podFields = []string{"uid", "namespace", "name", "resource", "state", "deviceIDs", "devices", "time"}
+
+// UnmarshalJSON decodes known fields and keeps the others.
+func (p *PodCheckpoint) UnmarshalJSON(data []byte) error {
+	type plain PodCheckpoint
+	if err := json.Unmarshal(data, (*plain)(p)); err != nil {
+		return err
+	}
+	u, err := unknownFields(data, podFields)
+	p.unknown = u
+	return err
+}
+
+// MarshalJSON writes known fields and the kept unknown ones.
+func (p *PodCheckpoint) MarshalJSON() ([]byte, error) {
+	type plain PodCheckpoint
+	return withUnknown((*plain)(p), p.unknown)
+}
 
 // UnmarshalJSON decodes known fields and keeps the others.
 func (c *Checkpoint) UnmarshalJSON(data []byte) error {
@@ -192,6 +236,17 @@ func DecodeCheckpoint(data []byte) (*Checkpoint, error) {
 			return nil, fmt.Errorf("%w: claim %s has unknown state %q", ErrCheckpointCorrupt, uid, cl.State)
 		}
 	}
+	for uid, p := range c.DevicePlugin {
+		if p == nil || p.UID != uid {
+			return nil, fmt.Errorf("%w: device-plugin entry %q does not match its pod UID", ErrCheckpointCorrupt, uid)
+		}
+		if p.State != StatePreparing && p.State != StatePrepared {
+			return nil, fmt.Errorf("%w: device-plugin pod %s has unknown state %q", ErrCheckpointCorrupt, uid, p.State)
+		}
+	}
+	if c.DevicePlugin == nil {
+		c.DevicePlugin = map[string]*PodCheckpoint{}
+	}
 	c.Version = CheckpointVersion
 	return &c, nil
 }
@@ -207,6 +262,16 @@ func (c *Checkpoint) SortedClaims() []*ClaimCheckpoint {
 	out := make([]*ClaimCheckpoint, 0, len(c.Claims))
 	for _, cl := range c.Claims {
 		out = append(out, cl)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })
+	return out
+}
+
+// SortedPods returns the device-plugin allocations in pod UID order.
+func (c *Checkpoint) SortedPods() []*PodCheckpoint {
+	out := make([]*PodCheckpoint, 0, len(c.DevicePlugin))
+	for _, p := range c.DevicePlugin {
+		out = append(out, p)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })
 	return out

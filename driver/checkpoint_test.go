@@ -54,6 +54,29 @@ func TestDecodeCheckpoint(t *testing.T) {
 		{name: "future version", data: `{"version":2,"claims":"a new format"}`, wantErr: ErrCheckpointVersion},
 		{name: "bad state", data: `{"version":1,"claims":{"u":{"uid":"u","state":"frobnicated"}}}`, wantErr: ErrCheckpointCorrupt},
 		{name: "uid mismatch", data: `{"version":1,"claims":{"u":{"uid":"v","state":"prepared"}}}`, wantErr: ErrCheckpointCorrupt},
+		{name: "device-plugin bad state", data: `{"version":1,"claims":{},"devicePlugin":{"p":{"uid":"p","state":"gone"}}}`, wantErr: ErrCheckpointCorrupt},
+		{name: "device-plugin uid mismatch", data: `{"version":1,"claims":{},"devicePlugin":{"p":{"uid":"q","state":"prepared"}}}`, wantErr: ErrCheckpointCorrupt},
+		{name: "device-plugin not an object", data: `{"version":1,"claims":{},"devicePlugin":[1]}`, wantErr: ErrCheckpointCorrupt},
+		{name: "device-plugin entries and their unknown fields", data: `{"version":1,"bootID":"b","claims":{},"devicePlugin":{"p":{"uid":"p","namespace":"ns","name":"n","resource":"nvidia.com/gpu","state":"prepared","deviceIDs":["GPU-1"],"devices":[{"device":"gpu-1","gpuUUID":"GPU-1","strategy":"Exclusive"}],"later":"keep me"}}}`,
+			check: func(t *testing.T, c *Checkpoint) {
+				require.Contains(t, c.DevicePlugin, "p")
+				p := c.DevicePlugin["p"]
+				assert.Equal(t, "nvidia.com/gpu", p.Resource)
+				assert.Equal(t, []string{"GPU-1"}, p.DeviceIDs)
+				require.Len(t, p.Devices, 1)
+				assert.Equal(t, "GPU-1", p.Devices[0].GPUUUID)
+				out, err := c.Encode()
+				require.NoError(t, err)
+				var m map[string]any
+				require.NoError(t, json.Unmarshal(out, &m))
+				assert.Equal(t, "keep me", m["devicePlugin"].(map[string]any)["p"].(map[string]any)["later"])
+			}},
+		{name: "an older file has no device-plugin entries", data: `{"version":1,"bootID":"b","claims":{}}`, check: func(t *testing.T, c *Checkpoint) {
+			assert.NotNil(t, c.DevicePlugin)
+			out, err := c.Encode()
+			require.NoError(t, err)
+			assert.NotContains(t, string(out), "devicePlugin", "nothing added to a file without entries")
+		}},
 		{name: "null claims", data: `{"version":1,"bootID":"b","claims":null}`, check: func(t *testing.T, c *Checkpoint) {
 			assert.NotNil(t, c.Claims)
 		}},

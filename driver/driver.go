@@ -366,11 +366,24 @@ func (d *Driver) restore(ctx context.Context) error {
 			cl.State = StatePreparing
 		}
 	}
+	for _, p := range ckpt.SortedPods() {
+		if p.State != StatePrepared {
+			// Half-done: it keeps its capacity until the pod is released
+			// (the device plugin reconciles against the pods that exist).
+			logger.Info("Device-plugin pod was being allocated when tessera-node stopped", "pod", klog.KRef(p.Namespace, p.Name), "uid", p.UID)
+			continue
+		}
+		if _, err := d.apply(ctx, p.asClaim()); err != nil {
+			logger.Error(err, "Restoring device-plugin allocation", "pod", klog.KRef(p.Namespace, p.Name), "uid", p.UID)
+			p.State = StatePreparing
+		}
+	}
 	if uids, err := d.cdi.List(); err != nil {
 		logger.Error(err, "Listing CDI specs")
 	} else {
 		for _, uid := range uids {
-			if _, ok := ckpt.Claims[uid]; !ok {
+			_, isPod := ckpt.DevicePlugin[uid]
+			if _, ok := ckpt.Claims[uid]; !ok && !isPod {
 				logger.Info("Removing CDI spec of an unknown claim", "uid", uid)
 				if err := d.cdi.Remove(uid); err != nil {
 					logger.Error(err, "Removing stale CDI spec", "uid", uid)
@@ -394,13 +407,23 @@ func (d *Driver) updateMetrics() {
 		if cl.State == StatePrepared {
 			prepared++
 		}
-		for _, dev := range cl.Devices {
+	}
+	for _, h := range d.holders() {
+		for _, dev := range h.devices {
 			if !dev.AdminAccess {
 				used[dev.GPUUUID] += ledgerMemory(dev, d.byUUID[dev.GPUUUID])
 			}
 		}
 	}
 	d.metrics.preparedClaims.Set(float64(prepared))
+	pods := map[string]int{}
+	for _, p := range d.ckpt.DevicePlugin {
+		pods[p.Resource]++
+	}
+	d.metrics.devicePluginPods.Reset()
+	for res, n := range pods {
+		d.metrics.devicePluginPods.WithLabelValues(res).Set(float64(n))
+	}
 	for _, g := range d.sorted {
 		d.metrics.memoryAllocated.WithLabelValues(DeviceName(g.Index), g.UUID).Set(float64(used[g.UUID]))
 	}
@@ -438,7 +461,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		}
 		cl, err := d.plan(claim)
 		if err == nil {
-			err = d.checkLedger(cl)
+			err = d.checkLedger(cl.UID, "claim "+cl.Namespace+"/"+cl.Name, cl.Devices)
 		}
 		if err != nil {
 			logger.Error(err, "Refusing claim", "claim", klog.KObj(claim))
@@ -592,16 +615,39 @@ func (d *Driver) plan(claim *resourceapi.ResourceClaim) (*ClaimCheckpoint, error
 	return cl, nil
 }
 
-// checkLedger refuses a claim whose GPUs are held in another sharing mode,
-// or whose memory does not fit next to what other claims hold.
-func (d *Driver) checkLedger(cl *ClaimCheckpoint) error {
+// holder is one entry of the ledger: a ResourceClaim or a device-plugin pod.
+type holder struct {
+	uid string
+	// desc names it in refusals: "ResourceClaim ns/c" or "pod ns/p (device plugin)".
+	desc    string
+	devices []DeviceCheckpoint
+}
+
+// holders lists every ledger entry of both paths. Callers hold d.mu.
+func (d *Driver) holders() []holder {
+	out := make([]holder, 0, len(d.ckpt.Claims)+len(d.ckpt.DevicePlugin))
+	for _, cl := range d.ckpt.Claims {
+		out = append(out, holder{uid: cl.UID, desc: "ResourceClaim " + cl.Namespace + "/" + cl.Name, devices: cl.Devices})
+	}
+	for _, p := range d.ckpt.DevicePlugin {
+		out = append(out, holder{uid: p.UID, desc: "pod " + p.Namespace + "/" + p.Name + " (device plugin)", devices: p.Devices})
+	}
+	return out
+}
+
+// checkLedger is the one over-commit check of the node, for claims and
+// device-plugin pods alike (who names the requester, "claim ns/c" or "pod
+// ns/p"): a GPU held whole (Exclusive) by anyone cannot be used by anyone
+// else; a GPU holds one sharing mode at a time; and the memory of its holders
+// must fit it. Refusals name what holds the capacity.
+func (d *Driver) checkLedger(uid, who string, devices []DeviceCheckpoint) error {
 	type want struct {
 		mem      uint64
 		strategy v1alpha1.SharingStrategy
 	}
 	wants := map[string]*want{}
 	var order []string
-	for _, dev := range cl.Devices {
+	for _, dev := range devices {
 		if dev.AdminAccess {
 			continue
 		}
@@ -611,23 +657,23 @@ func (d *Driver) checkLedger(cl *ClaimCheckpoint) error {
 			wants[dev.GPUUUID] = w
 			order = append(order, dev.GPUUUID)
 		} else if w.strategy != v1alpha1.SharingStrategy(dev.Strategy) {
-			return fmt.Errorf("claim %s/%s asks for GPU %s in two sharing modes (%s and %s); one sharing mode per GPU at a time", cl.Namespace, cl.Name, dev.GPUUUID, w.strategy, dev.Strategy)
+			return fmt.Errorf("%s asks for GPU %s in two sharing modes (%s and %s); one sharing mode per GPU at a time", who, dev.GPUUUID, w.strategy, dev.Strategy)
 		}
 		w.mem += ledgerMemory(dev, d.byUUID[dev.GPUUUID])
 	}
+	all := d.holders()
 	for _, uuid := range order {
 		w := wants[uuid]
 		g := d.byUUID[uuid]
 		var used uint64
 		var mode v1alpha1.SharingStrategy
-		holders := 0
-		var names []string
-		for _, other := range d.ckpt.Claims {
-			if other.UID == cl.UID {
+		var names, whole []string
+		for _, other := range all {
+			if other.uid == uid {
 				continue
 			}
 			held := false
-			for _, dev := range other.Devices {
+			for _, dev := range other.devices {
 				if dev.GPUUUID != uuid || dev.AdminAccess {
 					continue
 				}
@@ -636,17 +682,24 @@ func (d *Driver) checkLedger(cl *ClaimCheckpoint) error {
 				held = true
 			}
 			if held {
-				holders++
-				names = append(names, other.Namespace+"/"+other.Name)
+				names = append(names, other.desc)
+				if mode == v1alpha1.Exclusive {
+					whole = append(whole, other.desc)
+				}
 			}
 		}
 		sort.Strings(names)
-		if err := sharing.CheckMode(uuid, mode, w.strategy, holders); err != nil {
-			return fmt.Errorf("claim %s/%s refused on %s: %w (held by %s)", cl.Namespace, cl.Name, DeviceName(g.Index), err, strings.Join(names, ", "))
+		sort.Strings(whole)
+		if len(whole) > 0 {
+			return fmt.Errorf("%s refused on %s (%s): the GPU is held whole by %s (sharing mode Exclusive); it would be over-committed",
+				who, DeviceName(g.Index), uuid, strings.Join(whole, ", "))
+		}
+		if err := sharing.CheckMode(uuid, mode, w.strategy, len(names)); err != nil {
+			return fmt.Errorf("%s refused on %s: %w (held by %s)", who, DeviceName(g.Index), err, strings.Join(names, ", "))
 		}
 		if used+w.mem > g.MemoryBytes {
-			return fmt.Errorf("claim %s/%s refused on %s (%s): it needs %d bytes of GPU memory, but %d of %d bytes are already held by %s; the GPU would be over-committed",
-				cl.Namespace, cl.Name, DeviceName(g.Index), uuid, w.mem, used, g.MemoryBytes, strings.Join(names, ", "))
+			return fmt.Errorf("%s refused on %s (%s): it needs %d bytes of GPU memory, but %d of %d bytes are already held by %s; the GPU would be over-committed",
+				who, DeviceName(g.Index), uuid, w.mem, used, g.MemoryBytes, strings.Join(names, ", "))
 		}
 	}
 	return nil

@@ -12,6 +12,12 @@ type metrics struct {
 	memoryAllocated *prometheus.GaugeVec
 	gpuHealthy      *prometheus.GaugeVec
 	mpsDaemons      prometheus.GaugeFunc
+
+	// Device-plugin path (deviceplugin package), on the same ledger.
+	devicePluginPods        *prometheus.GaugeVec
+	devicePluginAllocations *prometheus.CounterVec
+	devicePluginRefusals    *prometheus.CounterVec
+	devicePluginReleases    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, mpsDaemons func() float64) *metrics {
@@ -41,9 +47,26 @@ func newMetrics(reg prometheus.Registerer, mpsDaemons func() float64) *metrics {
 			Namespace: "tessera", Subsystem: "node", Name: "mps_daemons",
 			Help: "MPS control daemons running on this node.",
 		}, mpsDaemons),
+		devicePluginPods: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "tessera", Subsystem: "node", Name: "deviceplugin_pods",
+			Help: "Pods holding GPUs through the device plugin, per extended resource.",
+		}, []string{"resource"}),
+		devicePluginAllocations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "tessera", Subsystem: "node", Name: "deviceplugin_allocations_total",
+			Help: "Device-plugin Allocate calls that succeeded, per extended resource.",
+		}, []string{"resource"}),
+		devicePluginRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "tessera", Subsystem: "node", Name: "deviceplugin_refusals_total",
+			Help: "Device-plugin Allocate calls refused, per extended resource and reason (no_pod, bad_annotation, conflict, gpu_mismatch, gpu_unhealthy, error).",
+		}, []string{"resource", "reason"}),
+		devicePluginReleases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "tessera", Subsystem: "node", Name: "deviceplugin_releases_total",
+			Help: "Device-plugin allocations released (pod deleted or finished), per extended resource.",
+		}, []string{"resource"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.preparedClaims, m.prepareLatency, m.prepareErrors, m.memoryAllocated, m.gpuHealthy, m.mpsDaemons)
+		reg.MustRegister(m.preparedClaims, m.prepareLatency, m.prepareErrors, m.memoryAllocated, m.gpuHealthy, m.mpsDaemons,
+			m.devicePluginPods, m.devicePluginAllocations, m.devicePluginRefusals, m.devicePluginReleases)
 	}
 	return m
 }

@@ -1,7 +1,8 @@
 // Command tessera-node is Tessera's node agent: the DRA kubelet plugin for
 // gpu.tessera.dev (ResourceSlices, Prepare/Unprepare through CDI, MPS and
-// time-slicing enforcement, crash-safe checkpoint), with Prometheus metrics
-// and health endpoints.
+// time-slicing enforcement, crash-safe checkpoint) and the kubelet device
+// plugins for nvidia.com/gpu and tessera.dev/gpu-share on the same ledger,
+// with Prometheus metrics and health endpoints.
 package main
 
 import (
@@ -25,11 +26,14 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	"github.com/tessera-gpu/tessera/cdi"
+	"github.com/tessera-gpu/tessera/deviceplugin"
 	"github.com/tessera-gpu/tessera/driver"
 	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/internal/assignment"
 	"github.com/tessera-gpu/tessera/sharing"
 )
 
@@ -53,6 +57,10 @@ type config struct {
 	httpAddr          string
 	recoverCheckpoint bool
 	bootIDPath        string
+	devicePlugin      bool
+	devicePluginDir   string
+	gpuResourceName   string
+	shareSlots        int
 }
 
 // env returns the environment's value for a flag: TESSERA_<FLAG> with dashes
@@ -81,6 +89,10 @@ func main() {
 	fs.StringVar(&c.httpAddr, "http-address", ":8080", "address for /metrics, /healthz and /readyz (empty: off)")
 	fs.BoolVar(&c.recoverCheckpoint, "recover-checkpoint", false, "move an unreadable checkpoint aside and start with no prepared claims (see driver/README.md)")
 	fs.StringVar(&c.bootIDPath, "boot-id-path", driver.DefaultBootIDPath, "file holding the node's boot ID")
+	fs.BoolVar(&c.devicePlugin, "device-plugin", true, "also serve the GPUs as device-plugin resources (whole GPUs and fraction slots), on the same ledger as DRA claims")
+	fs.StringVar(&c.devicePluginDir, "device-plugin-dir", pluginapi.DevicePluginPath, "kubelet device-plugin directory (kubelet.sock and the plugins' sockets)")
+	fs.StringVar(&c.gpuResourceName, "gpu-resource-name", assignment.DefaultResourceGPU, "extended resource of whole GPUs")
+	fs.IntVar(&c.shareSlots, "share-slots", deviceplugin.DefaultShareSlots, "slots of "+assignment.ResourceShare+" per GPU (admission tokens: the GPU and memory come from the pod's assignment)")
 	fs.Parse(os.Args[1:])
 	if err := applyEnv(fs); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -186,7 +198,21 @@ func run(ctx context.Context, c config) error {
 		}
 		return err
 	}
-	logger.Info("Started", "node", c.nodeName, "fakeGPUs", c.fakeGPUs, "duration", time.Since(start))
+	var plugins *deviceplugin.Manager
+	if c.devicePlugin {
+		plugins, err = deviceplugin.Start(ctx, deviceplugin.Options{
+			NodeName: c.nodeName, KubeClient: client, Inventory: inv, Ledger: d,
+			Dir: c.devicePluginDir, GPUResource: c.gpuResourceName, ShareSlots: c.shareSlots,
+		})
+		if err != nil {
+			d.Stop()
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+	logger.Info("Started", "node", c.nodeName, "fakeGPUs", c.fakeGPUs, "devicePlugin", c.devicePlugin, "duration", time.Since(start))
 
 	var srv *http.Server
 	if c.httpAddr != "" {
@@ -217,6 +243,9 @@ func run(ctx context.Context, c config) error {
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = srv.Shutdown(shutdownCtx)
 		cancel()
+	}
+	if plugins != nil {
+		plugins.Stop()
 	}
 	d.Stop()
 	return failure

@@ -299,6 +299,9 @@ func (d *demo) startNodes(ctx context.Context) error {
 			"--cdi-root="+filepath.Join(dir, "cdi"),
 			"--mps-root="+filepath.Join(dir, "mps"),
 			"--http-address=",
+			// No kubelet here, so no device plugins (several fake nodes
+			// would share the default device-plugin directory).
+			"--device-plugin=false",
 		)
 		if err != nil {
 			return err

@@ -63,6 +63,7 @@ func (e *nodeEnv) spawn(t testing.TB, kubeconfig string, env []string, extraArgs
 		"--kubelet-registrar-dir=" + e.registrar, "--kubelet-plugin-dir=" + e.plugins,
 		"--cdi-root=" + e.cdi, "--mps-root=" + e.mpsRoot, "--mps-control=" + e.control,
 		"--boot-id-path=" + e.bootID, "--http-address=127.0.0.1:0", "-v=2",
+		"--device-plugin-dir=" + e.devicePlugins,
 	}, extraArgs...)
 	cmd := exec.Command(tesseraNode(t), args...)
 	cmd.Env = append(append(os.Environ(), drivertest.RecordEnv+"="+e.record), env...)

@@ -23,7 +23,9 @@ type nodeEnv struct {
 	registrar, plugins, cdi  string
 	mpsRoot, control, record string
 	bootID                   string
-	fake                     *gpu.Fake
+	// devicePlugins is the kubelet's device-plugin directory of this node.
+	devicePlugins string
+	fake          *gpu.Fake
 }
 
 func newNodeEnv(t testing.TB, name, profile string) *nodeEnv {
@@ -36,7 +38,7 @@ func newNodeEnv(t testing.TB, name, profile string) *nodeEnv {
 		name: name, fake: f,
 		registrar: filepath.Join(dir, "reg"), plugins: filepath.Join(dir, "plugins"),
 		cdi: filepath.Join(dir, "cdi"), mpsRoot: filepath.Join(dir, "mps"),
-		bootID: filepath.Join(dir, "boot_id"),
+		bootID: filepath.Join(dir, "boot_id"), devicePlugins: filepath.Join(dir, "dp"),
 	}
 	require.NoError(t, os.WriteFile(e.bootID, []byte("boot-"+name+"\n"), 0o644))
 	e.control, e.record = mpsStandIn(t, dir)

@@ -176,6 +176,8 @@ func setup(t *testing.T) *cluster {
 			"--cdi-root", node.CDIDir,
 			"--mps-root", mpsRoot,
 			"--http-address", agentAddr,
+			// These tests cover the DRA path; the device plugin's are in test/e2e/node.
+			"--device-plugin=false",
 			"--v", "2",
 		},
 		env: []string{
