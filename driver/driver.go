@@ -251,14 +251,53 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 
 // publish sends the current devices to the ResourceSlice controller.
 func (d *Driver) publish(ctx context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.publishLocked(ctx)
+}
+
+// publishLocked is publish for callers holding d.mu: the device-plugin
+// taints come from the ledger, and holding d.mu orders the publications as
+// the ledger changes, so a stale set never overwrites a newer one.
+func (d *Driver) publishLocked(ctx context.Context) error {
+	if d.helper == nil {
+		return nil // unit tests: no API server
+	}
 	d.healthMu.Lock()
-	devices := BuildDevices(d.sorted, d.health, string(d.opts.Mode))
+	devices := BuildDevicesHeld(d.sorted, d.health, d.devicePluginHeld(), string(d.opts.Mode))
 	d.healthMu.Unlock()
 	if err := d.helper.PublishResources(ctx, Resources(d.opts.NodeName, devices)); err != nil {
 		return fmt.Errorf("publishing ResourceSlices: %w", err)
 	}
 	d.published.Store(true)
 	return nil
+}
+
+// republish publishes after a device-plugin allocation or release changed
+// the taints. Callers hold d.mu. A failure is logged, not returned: the
+// allocation stands (the ledger is what protects the GPU), and the next
+// change or health event publishes again.
+func (d *Driver) republish(ctx context.Context) {
+	if err := d.publishLocked(ctx); err != nil {
+		klog.FromContext(ctx).Error(err, "Republishing the device-plugin taints")
+	}
+}
+
+// devicePluginHeld lists the GPUs of device-plugin entries (any state: a
+// "preparing" entry holds its capacity too); whole wins over shared.
+// Callers hold d.mu.
+func (d *Driver) devicePluginHeld() DevicePluginHeld {
+	out := DevicePluginHeld{}
+	for _, p := range d.ckpt.DevicePlugin {
+		for _, dev := range p.Devices {
+			if dev.Strategy == string(v1alpha1.Exclusive) {
+				out[dev.GPUUUID] = TaintValueWhole
+			} else if out[dev.GPUUUID] == "" {
+				out[dev.GPUUUID] = TaintValueShared
+			}
+		}
+	}
+	return out
 }
 
 func (d *Driver) watchHealth(ctx context.Context, events <-chan gpu.HealthEvent) {

@@ -61,8 +61,24 @@ func (d *Driver) AllocatePod(ctx context.Context, req PodRequest) (*PodCheckpoin
 	if ok && p.Resource != req.Resource {
 		return nil, conflictError{fmt.Errorf("%s already holds %s through the device plugin; a pod gets GPUs through one extended resource", who, p.Resource)}
 	}
-	if ok && p.State == StatePrepared {
-		return p.copy(), nil
+	if ok {
+		held := 0
+		for _, uuid := range req.GPUs {
+			if slices.ContainsFunc(p.Devices, func(dev DeviceCheckpoint) bool { return dev.GPUUUID == uuid }) {
+				held++
+			}
+		}
+		switch {
+		case held == len(req.GPUs) && p.State == StatePrepared:
+			// A retry, or an init container's GPUs reused by a later
+			// container: idempotent.
+			return p.copy(), nil
+		case held == 0 && req.Config == nil:
+			// Another container of the pod: its GPUs join the pod's entry.
+			return d.extendPod(ctx, p, req)
+		case held != len(req.GPUs):
+			return nil, fmt.Errorf("%s already holds GPUs %v through the device plugin; it cannot also get %v (overlapping, or a second share)", who, p.gpuUUIDs(), req.GPUs)
+		}
 	}
 	if !ok {
 		var err error
@@ -103,7 +119,92 @@ func (d *Driver) AllocatePod(ctx context.Context, req PodRequest) (*PodCheckpoin
 	}
 	d.updateMetrics()
 	d.metrics.devicePluginAllocations.WithLabelValues(req.Resource).Inc()
+	d.republish(ctx)
 	return p.copy(), nil
+}
+
+// extendPod adds the GPUs of another container of a pod (the kubelet calls
+// Allocate once per container) to the pod's entry: one entry per pod keeps
+// release and the over-commit check as they are. Each container's GPUs get
+// their own request name, so a container's CDI devices list its own GPUs
+// only (NVIDIA_VISIBLE_DEVICES is per request). On failure the entry is
+// left as it was. Callers hold d.mu.
+func (d *Driver) extendPod(ctx context.Context, p *PodCheckpoint, req PodRequest) (*PodCheckpoint, error) {
+	logger := klog.FromContext(ctx)
+	who := "pod " + req.Namespace + "/" + req.Name
+	if p.State != StatePrepared || len(p.Devices) == 0 || p.Devices[0].Strategy != string(v1alpha1.Exclusive) {
+		return nil, fmt.Errorf("%s: adding GPUs %v of another container needs a prepared entry of whole GPUs, it has %v (%s)", who, req.GPUs, p.gpuUUIDs(), p.State)
+	}
+	add, err := d.planPod(req)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.checkLedger(p.UID, who, add.Devices); err != nil {
+		return nil, conflictError{err}
+	}
+	request := fmt.Sprintf("%s/%d", req.Resource, p.containers())
+	for i := range add.Devices {
+		add.Devices[i].Request = request
+	}
+	old := p.copy()
+	restore := func() { p.Devices, p.DeviceIDs, p.State = old.Devices, old.DeviceIDs, old.State }
+	p.Devices = append(slices.Clone(p.Devices), add.Devices...)
+	p.DeviceIDs = append(slices.Clone(p.DeviceIDs), req.DeviceIDs...)
+	p.State = StatePreparing
+	if err := d.store.Save(d.ckpt); err != nil {
+		restore()
+		return nil, fmt.Errorf("checkpoint before adding GPUs %v to %s: %w", req.GPUs, who, err)
+	}
+	if _, err := d.apply(ctx, p.asClaim()); err != nil {
+		logger.Error(err, "Adding GPUs of another container failed; rolling back", "pod", klog.KRef(p.Namespace, p.Name), "gpus", req.GPUs)
+		var errs []error
+		for _, dev := range add.Devices {
+			if uerr := d.sharing.Unprepare(ctx, p.UID, dev.GPUUUID); uerr != nil {
+				errs = append(errs, uerr)
+			}
+		}
+		restore()
+		// Rewrite the CDI spec of the GPUs the pod keeps.
+		if _, aerr := d.apply(ctx, p.asClaim()); aerr != nil {
+			errs = append(errs, aerr)
+		}
+		if serr := d.store.Save(d.ckpt); serr != nil {
+			errs = append(errs, serr)
+		}
+		if rerr := errors.Join(errs...); rerr != nil {
+			logger.Error(rerr, "Rolling back the added GPUs", "pod", klog.KRef(p.Namespace, p.Name))
+		}
+		return nil, err
+	}
+	p.State = StatePrepared
+	p.Time = time.Now().UTC()
+	if err := d.store.Save(d.ckpt); err != nil {
+		// Kept "preparing": it holds the GPUs until the pod's release.
+		return nil, fmt.Errorf("checkpoint after adding GPUs %v to %s: %w", req.GPUs, who, err)
+	}
+	d.updateMetrics()
+	d.metrics.devicePluginAllocations.WithLabelValues(req.Resource).Inc()
+	d.republish(ctx)
+	logger.V(2).Info("Added another container's GPUs to a device-plugin pod", "pod", klog.KRef(p.Namespace, p.Name), "gpus", req.GPUs, "request", request)
+	return p.copy(), nil
+}
+
+// containers is how many container allocations the entry holds: its
+// distinct request names.
+func (p *PodCheckpoint) containers() int {
+	seen := map[string]bool{}
+	for _, dev := range p.Devices {
+		seen[dev.Request] = true
+	}
+	return len(seen)
+}
+
+func (p *PodCheckpoint) gpuUUIDs() []string {
+	out := make([]string, 0, len(p.Devices))
+	for _, dev := range p.Devices {
+		out = append(out, dev.GPUUUID)
+	}
+	return out
 }
 
 // planPod turns a request into its ledger record (state preparing).
@@ -174,6 +275,7 @@ func (d *Driver) ReleasePod(ctx context.Context, uid string) (released bool, err
 	}
 	d.updateMetrics()
 	d.metrics.devicePluginReleases.WithLabelValues(p.Resource).Inc()
+	d.republish(ctx)
 	klog.FromContext(ctx).Info("Released device-plugin pod", "pod", klog.KRef(p.Namespace, p.Name), "uid", uid, "resource", p.Resource)
 	return true, nil
 }
@@ -207,11 +309,12 @@ func (p *PodCheckpoint) copy() *PodCheckpoint {
 	return &c
 }
 
-// CDIDeviceIDs are the qualified CDI device IDs of the entry, in order.
-func (p *PodCheckpoint) CDIDeviceIDs() []string {
+// CDIDeviceIDs are the qualified CDI device IDs of the entry, in order;
+// with gpus given, only those of these GPUs (one container's).
+func (p *PodCheckpoint) CDIDeviceIDs(gpus ...string) []string {
 	var ids []string
 	for _, dev := range p.Devices {
-		if dev.CDIDeviceID != "" {
+		if dev.CDIDeviceID != "" && (len(gpus) == 0 || slices.Contains(gpus, dev.GPUUUID)) {
 			ids = append(ids, dev.CDIDeviceID)
 		}
 	}

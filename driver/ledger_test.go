@@ -198,6 +198,66 @@ func TestLedgerPodLifecycle(t *testing.T) {
 	assert.Empty(t, stored.DevicePlugin)
 }
 
+// TestLedgerPodContainers: the kubelet calls Allocate once per container;
+// a pod's second container adds its GPUs to the pod's one entry, with its
+// own request (CDI devices), and the pod's release frees them all.
+func TestLedgerPodContainers(t *testing.T) {
+	const gi = uint64(1) << 30
+	d, _ := newUnitDriver(t, "h100-sxm-8")
+	t.Cleanup(func() { releaseAllPods(d) })
+	ctx := context.Background()
+
+	first, err := d.AllocatePod(ctx, wholePod("p", 0))
+	require.NoError(t, err)
+	second, err := d.AllocatePod(ctx, wholePod("p", 1, 2))
+	require.NoError(t, err)
+	require.Len(t, d.PodAllocations(), 1, "one entry per pod")
+	e := d.PodAllocations()[0]
+	assert.Equal(t, []string{fakeUUID(0), fakeUUID(1), fakeUUID(2)}, e.DeviceIDs)
+	require.Len(t, e.Devices, 3)
+	assert.Equal(t, []string{"nvidia.com/gpu", "nvidia.com/gpu/1", "nvidia.com/gpu/1"}, []string{e.Devices[0].Request, e.Devices[1].Request, e.Devices[2].Request})
+	assert.Equal(t, first.CDIDeviceIDs(), second.CDIDeviceIDs(fakeUUID(0)), "the first container's CDI device is unchanged")
+	assert.Len(t, second.CDIDeviceIDs(fakeUUID(1), fakeUUID(2)), 2)
+
+	// A retry of either container (or an init container's GPUs reused) is
+	// answered from the entry, without counting anything twice.
+	again, err := d.AllocatePod(ctx, wholePod("p", 2, 1))
+	require.NoError(t, err)
+	assert.Equal(t, second.CDIDeviceIDs(), again.CDIDeviceIDs())
+	require.Len(t, d.PodAllocations()[0].Devices, 3)
+
+	for _, tc := range []struct {
+		name string
+		req  PodRequest
+		want string
+	}{
+		{"overlapping container", wholePod("p", 2, 3), "already holds GPUs"},
+		{"GPU held by another pod", func() PodRequest { _, _ = d.AllocatePod(ctx, wholePod("q", 4)); return wholePod("p", 4) }(), "held whole by pod ns/q (device plugin)"},
+		{"share after whole GPUs", func() PodRequest {
+			r := sharePod("p", 5, gi, v1alpha1.NewMPSConfig(0))
+			r.Resource = "nvidia.com/gpu"
+			return r
+		}(), "already holds GPUs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := d.AllocatePod(ctx, tc.req)
+			require.ErrorContains(t, err, tc.want)
+			assert.Len(t, d.PodAllocations()[0].Devices, 3, "the entry is unchanged")
+		})
+	}
+
+	// Restart: the entry comes back with all three GPUs.
+	d2 := reopen(t, d)
+	_, err = d2.AllocatePod(ctx, wholePod("r", 2))
+	require.ErrorContains(t, err, "held whole by pod ns/p (device plugin)")
+
+	released, err := d.ReleasePod(ctx, "pod-p")
+	require.NoError(t, err)
+	assert.True(t, released)
+	_, err = d.AllocatePod(ctx, wholePod("r", 0, 1, 2))
+	require.NoError(t, err, "all of the pod's GPUs are free again")
+}
+
 func TestLedgerPodErrors(t *testing.T) {
 	d, _ := newUnitDriver(t, "l4-2")
 	ctx := context.Background()

@@ -38,6 +38,15 @@ const (
 	// TaintUnhealthy is the device taint key of a GPU that NVML reports
 	// unhealthy; NoSchedule keeps new claims off it while running pods stay.
 	TaintUnhealthy = DriverName + "/unhealthy"
+
+	// TaintDevicePlugin is the device taint key of a GPU held by a
+	// device-plugin allocation, value TaintValueWhole or TaintValueShared:
+	// NoSchedule keeps kube-scheduler from allocating a claim on it (the
+	// node's ledger would refuse it at Prepare). tessera-controller knows
+	// these pods by their assignment and does not treat the key as unusable.
+	TaintDevicePlugin = DriverName + "/device-plugin"
+	TaintValueWhole   = "whole"
+	TaintValueShared  = "shared"
 )
 
 // DeviceName is the name of GPU index in the node's pool.
@@ -83,11 +92,21 @@ func SemverVersion(v string) (string, error) {
 // entry is healthy.
 type Health map[string]gpu.HealthEvent
 
+// DevicePluginHeld maps the UUID of a GPU held by device-plugin allocations
+// to TaintValueWhole or TaintValueShared.
+type DevicePluginHeld map[string]string
+
 // BuildDevices turns the inventory into ResourceSlice devices, in index
 // order, so that equal inputs give deeply equal output (the ResourceSlice
 // controller then does not update anything on a restart). mode is the
 // admin-fixed sharing mode, "" when claims choose.
 func BuildDevices(devs []gpu.Device, health Health, mode string) []resourceapi.Device {
+	return BuildDevicesHeld(devs, health, nil, mode)
+}
+
+// BuildDevicesHeld is BuildDevices with the GPUs the device-plugin path
+// holds marked by a TaintDevicePlugin taint each (after the unhealthy one).
+func BuildDevicesHeld(devs []gpu.Device, health Health, held DevicePluginHeld, mode string) []resourceapi.Device {
 	devs = append([]gpu.Device(nil), devs...)
 	sort.Slice(devs, func(i, j int) bool { return devs[i].Index < devs[j].Index })
 	out := make([]resourceapi.Device, 0, len(devs))
@@ -147,7 +166,10 @@ func BuildDevices(devs []gpu.Device, health Health, mode string) []resourceapi.D
 			},
 		}
 		if ev, ok := health[g.UUID]; ok && !ev.Healthy {
-			d.Taints = []resourceapi.DeviceTaint{UnhealthyTaint(ev)}
+			d.Taints = append(d.Taints, UnhealthyTaint(ev))
+		}
+		if v, ok := held[g.UUID]; ok {
+			d.Taints = append(d.Taints, resourceapi.DeviceTaint{Key: TaintDevicePlugin, Value: v, Effect: resourceapi.DeviceTaintEffectNoSchedule})
 		}
 		out = append(out, d)
 	}

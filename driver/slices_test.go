@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	"github.com/tessera-gpu/tessera/gpu"
 )
 
@@ -123,6 +125,56 @@ func TestBuildDevices(t *testing.T) {
 			tc.check(t, BuildDevices(tc.devs, tc.health, tc.mode))
 		})
 	}
+}
+
+func TestBuildDevicesDevicePluginTaint(t *testing.T) {
+	devs := []gpu.Device{{UUID: "GPU-0", Index: 0, MemoryBytes: 1 << 30}, {UUID: "GPU-1", Index: 1, MemoryBytes: 1 << 30}}
+	held := func(v string) resourceapi.DeviceTaint {
+		return resourceapi.DeviceTaint{Key: TaintDevicePlugin, Value: v, Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	}
+	unhealthy := resourceapi.DeviceTaint{Key: TaintUnhealthy, Value: "xid-79", Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	for _, tc := range []struct {
+		name   string
+		health Health
+		held   DevicePluginHeld
+		want   [][]resourceapi.DeviceTaint // per GPU
+	}{
+		{"nothing held", nil, nil, [][]resourceapi.DeviceTaint{nil, nil}},
+		{"whole", nil, DevicePluginHeld{"GPU-1": TaintValueWhole}, [][]resourceapi.DeviceTaint{nil, {held("whole")}}},
+		{"shared", nil, DevicePluginHeld{"GPU-0": TaintValueShared}, [][]resourceapi.DeviceTaint{{held("shared")}, nil}},
+		{"with the unhealthy taint", Health{"GPU-1": {UUID: "GPU-1", XID: 79}}, DevicePluginHeld{"GPU-1": TaintValueShared},
+			[][]resourceapi.DeviceTaint{nil, {unhealthy, held("shared")}}},
+		{"released again", Health{"GPU-1": {UUID: "GPU-1", XID: 79}}, DevicePluginHeld{},
+			[][]resourceapi.DeviceTaint{nil, {unhealthy}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := BuildDevicesHeld(devs, tc.health, tc.held, "")
+			require.Len(t, out, 2)
+			for i := range out {
+				assert.Equal(t, tc.want[i], out[i].Taints, out[i].Name)
+			}
+		})
+	}
+}
+
+func TestDevicePluginHeld(t *testing.T) {
+	const gi = uint64(1) << 30
+	d, _ := newUnitDriver(t, "h100-sxm-8")
+	t.Cleanup(func() { releaseAllPods(d) })
+	ctx := context.Background()
+	assert.Empty(t, d.devicePluginHeld())
+	_, err := d.AllocatePod(ctx, wholePod("w", 0, 1))
+	require.NoError(t, err)
+	_, err = d.AllocatePod(ctx, sharePod("s", 2, 10*gi, v1alpha1.NewTimeSlicingConfig("")))
+	require.NoError(t, err)
+	// A claim is not the device plugin's: no taint for it.
+	c := claim("ns", "c", "c", []resourceapi.DeviceRequestAllocationResult{r("gpu", node, "gpu-3", "")}, exclusive)
+	prepare(t, d, c)
+	t.Cleanup(func() { unprepare(t, d, c) })
+	assert.Equal(t, DevicePluginHeld{fakeUUID(0): "whole", fakeUUID(1): "whole", fakeUUID(2): "shared"}, d.devicePluginHeld())
+	_, err = d.ReleasePod(ctx, "pod-w")
+	require.NoError(t, err)
+	assert.Equal(t, DevicePluginHeld{fakeUUID(2): "shared"}, d.devicePluginHeld())
 }
 
 func TestBuildDevicesFakeProfiles(t *testing.T) {
