@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -322,7 +323,7 @@ func TestAllocate(t *testing.T) {
 		pod("share", assignment.ResourceShare, 1, share, "", now.Add(-time.Minute)),
 		pod("younger-share", assignment.ResourceShare, 1, &assignment.Assignment{GPUs: []int{3}, MemoryBytes: 70 * gi, ComputeMilli: 800, Sharing: assignment.SharingMPS}, "", now),
 		pod("whole", "nvidia.com/gpu", 2, whole, "", now),
-		pod("plain", "nvidia.com/gpu", 1, nil, "", now), // no annotation: never a candidate
+		pod("plain", "nvidia.com/gpu", 1, nil, "", now), // no annotation: bound by another scheduler
 	)
 	waitRegistered(t, e.kubelet, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -378,22 +379,30 @@ func TestAllocate(t *testing.T) {
 	env = specEnv(t, e.cdiRoot, "uid-whole")
 	assert.Equal(t, "Exclusive", env["TESSERA_SHARING"])
 
+	// A pod without an assignment gets whole GPUs as NVIDIA's device
+	// plugin would give them: the kubelet's.
+	resp, err = allocate(ctx, wc, uuid(0))
+	require.NoError(t, err)
+	require.Len(t, resp.CdiDevices, 1)
+	assert.True(t, strings.HasPrefix(resp.CdiDevices[0].Name, "gpu.tessera.dev/claim=uid-plain_"), resp.CdiDevices[0].Name)
+	assert.Equal(t, uuid(0), specEnv(t, e.cdiRoot, "uid-plain")["NVIDIA_VISIBLE_DEVICES"])
+
 	// No pod left awaiting whole GPUs.
-	_, err = allocate(ctx, wc, uuid(0))
+	_, err = allocate(ctx, wc, uuid(1))
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "no pod bound to node dp-node awaits nvidia.com/gpu with a tessera.dev/gpu-assignment annotation")
+	assert.Contains(t, err.Error(), "no pod bound to node dp-node awaits nvidia.com/gpu (a container requesting 1, in a pod whose GPUs are not all allocated yet)")
 
 	shareLabels := map[string]string{"resource": assignment.ResourceShare}
 	assert.Equal(t, 1.0, e.metric(t, "tessera_node_deviceplugin_allocations_total", shareLabels))
 	assert.Equal(t, 1.0, e.metric(t, "tessera_node_deviceplugin_refusals_total", map[string]string{"resource": assignment.ResourceShare, "reason": "conflict"}))
 	assert.Equal(t, 1.0, e.metric(t, "tessera_node_deviceplugin_refusals_total", map[string]string{"resource": "nvidia.com/gpu", "reason": "no_pod"}))
-	assert.Equal(t, 1.0, e.metric(t, "tessera_node_deviceplugin_pods", map[string]string{"resource": "nvidia.com/gpu"}))
+	assert.Equal(t, 2.0, e.metric(t, "tessera_node_deviceplugin_pods", map[string]string{"resource": "nvidia.com/gpu"}))
 	assert.Equal(t, float64(20<<30), e.metric(t, "tessera_node_gpu_memory_allocated_bytes", map[string]string{"gpu": "gpu-3"}))
 	assert.Equal(t, float64(80<<30), e.metric(t, "tessera_node_gpu_memory_allocated_bytes", map[string]string{"gpu": "gpu-4"}))
 
 	// Deleting the pod releases its GPU: the younger share now fits.
 	require.NoError(t, e.client.CoreV1().Pods("ns").Delete(ctx, "share", metav1.DeleteOptions{}))
-	require.Eventually(t, func() bool { return len(e.drv.PodAllocations()) == 1 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return len(e.drv.PodAllocations()) == 2 }, 10*time.Second, 20*time.Millisecond)
 	_, err = os.Stat(filepath.Join(e.cdiRoot, "gpu.tessera.dev-claim_uid-share.json"))
 	assert.True(t, os.IsNotExist(err), "CDI spec removed")
 	_, err = allocate(ctx, sc, "gpu-0-slot-1")
@@ -406,8 +415,87 @@ func TestAllocate(t *testing.T) {
 	w.Status.Phase = corev1.PodSucceeded
 	_, err = e.client.CoreV1().Pods("ns").UpdateStatus(ctx, w, metav1.UpdateOptions{})
 	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(e.drv.PodAllocations()) == 2 }, 10*time.Second, 20*time.Millisecond)
+	var uids []string
+	for _, p := range e.drv.PodAllocations() {
+		uids = append(uids, p.UID)
+	}
+	assert.Equal(t, []string{"uid-plain", "uid-younger-share"}, uids)
+}
+
+// TestAllocateContainers: the kubelet calls Allocate once per container.
+// A pod's later containers find the same pod while its entry holds fewer
+// GPUs than the pod requests in all, and their GPUs join its entry; an init
+// container's GPUs reused by the app container are answered from the entry.
+func TestAllocateContainers(t *testing.T) {
+	now := time.Now()
+	gpus := func(n int64) corev1.ResourceRequirements {
+		return corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": *resource.NewQuantity(n, resource.DecimalSI)}}
+	}
+	multi := pod("multi", "nvidia.com/gpu", 1, nil, "", now.Add(-time.Minute))
+	multi.Spec.Containers = append(multi.Spec.Containers, corev1.Container{Name: "c2", Resources: gpus(2)})
+	withInit := pod("init", "nvidia.com/gpu", 2, &assignment.Assignment{GPUs: []int{6, 7}}, "", now)
+	withInit.Spec.InitContainers = []corev1.Container{{Name: "i", Resources: gpus(2)}}
+	e := newEnv(t, multi, withInit)
+	waitRegistered(t, e.kubelet, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	wc := e.dial(t, GPUSocket)
+	names := func(r *pluginapi.ContainerAllocateResponse) []string {
+		var out []string
+		for _, d := range r.CdiDevices {
+			out = append(out, d.Name)
+		}
+		return out
+	}
+	entry := func(uid string) driver.PodCheckpoint {
+		for _, p := range e.drv.PodAllocations() {
+			if p.UID == uid {
+				return p
+			}
+		}
+		return driver.PodCheckpoint{}
+	}
+
+	for _, step := range []struct {
+		name    string
+		ids     []string
+		wantErr string
+		// wantPod's entry holds wantHeld afterwards; the answer names the
+		// GPUs asked for only.
+		wantPod  string
+		wantHeld []string
+	}{
+		{"first container", []string{uuid(0)}, "", "uid-multi", []string{uuid(0)}},
+		{"second container, the older of two pods awaiting 2", []string{uuid(1), uuid(2)}, "", "uid-multi", []string{uuid(0), uuid(1), uuid(2)}},
+		{"the pod is fully allocated", []string{uuid(3)}, "no pod bound to node dp-node awaits nvidia.com/gpu", "uid-multi", []string{uuid(0), uuid(1), uuid(2)}},
+		{"init container", []string{uuid(6), uuid(7)}, "", "uid-init", []string{uuid(6), uuid(7)}},
+		{"app container reusing the init container's GPUs", []string{uuid(7), uuid(6)}, "", "uid-init", []string{uuid(6), uuid(7)}},
+	} {
+		t.Run(step.name, func(t *testing.T) {
+			resp, err := allocate(ctx, wc, step.ids...)
+			if step.wantErr != "" {
+				require.ErrorContains(t, err, step.wantErr)
+			} else {
+				require.NoError(t, err)
+				got := names(resp)
+				require.Len(t, got, len(step.ids))
+				for i, id := range step.ids {
+					assert.True(t, slices.ContainsFunc(got, func(n string) bool { return strings.HasSuffix(n, "_"+id) }), "answer %v names %s", got, step.ids[i])
+				}
+			}
+			assert.Equal(t, step.wantHeld, entry(step.wantPod).DeviceIDs)
+		})
+	}
+	assert.Len(t, e.drv.PodAllocations(), 2, "one entry per pod")
+	assert.Equal(t, float64(80<<30), e.metric(t, "tessera_node_gpu_memory_allocated_bytes", map[string]string{"gpu": "gpu-2"}))
+
+	// The pod's deletion releases the GPUs of all its containers.
+	require.NoError(t, e.client.CoreV1().Pods("ns").Delete(ctx, "multi", metav1.DeleteOptions{}))
 	require.Eventually(t, func() bool { return len(e.drv.PodAllocations()) == 1 }, 10*time.Second, 20*time.Millisecond)
-	assert.Equal(t, "uid-younger-share", e.drv.PodAllocations()[0].UID)
+	for _, g := range []string{"gpu-0", "gpu-1", "gpu-2"} {
+		assert.Zero(t, e.metric(t, "tessera_node_gpu_memory_allocated_bytes", map[string]string{"gpu": g}), g)
+	}
 }
 
 func TestAllocateErrors(t *testing.T) {
@@ -484,7 +572,7 @@ func TestPodOrder(t *testing.T) {
 	b.CreationTimestamp = metav1.NewTime(t0.Add(-2 * time.Minute))
 	m := &Manager{opts: Options{NodeName: nodeName, Ledger: noLedger{}}}
 	p := &plugin{m: m, resource: assignment.ResourceShare}
-	got, malformed := p.filter([]*corev1.Pod{a, b, c}, 1)
+	got, malformed := p.filter([]*corev1.Pod{a, b, c}, nil, 1)
 	assert.Empty(t, malformed)
 	var names []string
 	for _, x := range got {

@@ -74,22 +74,34 @@ func (p *plugin) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingSer
 }
 
 // GetPreferredAllocation implements the device plugin API (whole GPUs): the
-// GPUs the controller assigned to the oldest pod awaiting this many GPUs,
-// when they are all available; otherwise the best-connected set
-// (go-gpuallocator: NVLink first).
+// GPUs the controller assigned to the oldest pod awaiting this many GPUs
+// (those its other containers do not hold yet), when enough of them are
+// available; otherwise the best-connected set (go-gpuallocator: NVLink
+// first).
 func (p *plugin) GetPreferredAllocation(ctx context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
 	logger := klog.FromContext(ctx)
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for _, cr := range req.ContainerRequests {
 		size := int(cr.AllocationSize)
 		var ids []string
-		cands, _ := p.candidates(size)
+		cands, _ := p.candidates(nil, size)
 		for _, c := range cands {
-			uuids, err := p.m.assignedUUIDs(c.pod, c.a)
-			if err != nil || len(uuids) != size || !subset(uuids, cr.AvailableDeviceIDs) || !subset(cr.MustIncludeDeviceIDs, uuids) {
+			if !c.assigned {
 				continue
 			}
-			ids = uuids
+			uuids, err := p.m.assignedUUIDs(c.pod, c.a)
+			if err != nil {
+				continue
+			}
+			free := slices.DeleteFunc(uuids, func(u string) bool { return slices.Contains(c.held, u) || !slices.Contains(cr.AvailableDeviceIDs, u) })
+			if len(free) < size || !subset(cr.MustIncludeDeviceIDs, free) {
+				continue
+			}
+			// The must-include GPUs first, then the assignment's order.
+			sort.SliceStable(free, func(i, j int) bool {
+				return slices.Contains(cr.MustIncludeDeviceIDs, free[i]) && !slices.Contains(cr.MustIncludeDeviceIDs, free[j])
+			})
+			ids = free[:size]
 			logger.V(2).Info("Preferring the GPUs assigned to a pod", "pod", klog.KObj(c.pod), "gpus", ids)
 			break
 		}
@@ -114,8 +126,9 @@ func (p *plugin) PreStartContainer(context.Context, *pluginapi.PreStartContainer
 
 // Allocate implements the device plugin API. The kubelet does not say which
 // pod it allocates for; the pod is found by the rule in README.md ("Which
-// pod"), its assignment read, and the allocation recorded in the ledger and
-// set up exactly as a ResourceClaim's (same CDI edits).
+// pod"), its assignment read (shares; whole GPUs use the kubelet's device
+// IDs), and the allocation recorded in the ledger and set up exactly as a
+// ResourceClaim's (same CDI edits).
 func (p *plugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	p.m.allocMu.Lock()
 	defer p.m.allocMu.Unlock()
@@ -145,15 +158,19 @@ const (
 func (p *plugin) allocate(ctx context.Context, deviceIDs []string) (*pluginapi.ContainerAllocateResponse, string, error) {
 	logger := klog.FromContext(ctx)
 	n := len(deviceIDs)
-	cands, malformed := p.candidates(n)
+	cands, malformed := p.candidates(deviceIDs, n)
 	if len(cands) == 0 {
 		// The informer may lag behind the kubelet: ask the API server.
-		cands, malformed = p.liveCandidates(ctx, n)
+		cands, malformed = p.liveCandidates(ctx, deviceIDs, n)
 	}
 	if len(cands) == 0 {
 		if len(malformed) > 0 {
 			return nil, reasonBadAnnotation, fmt.Errorf("no pod bound to node %s with a valid %s annotation awaits %d %s: %s",
 				p.m.opts.NodeName, assignment.Annotation, n, p.resource, strings.Join(malformed, "; "))
+		}
+		if p.whole {
+			return nil, reasonNoPod, fmt.Errorf("no pod bound to node %s awaits %s (a container requesting %d, in a pod whose GPUs are not all allocated yet)",
+				p.m.opts.NodeName, p.resource, n)
 		}
 		return nil, reasonNoPod, fmt.Errorf("no pod bound to node %s awaits %s with a %s annotation (a container requesting %d, not yet allocated)",
 			p.m.opts.NodeName, p.resource, assignment.Annotation, n)
@@ -161,20 +178,25 @@ func (p *plugin) allocate(ctx context.Context, deviceIDs []string) (*pluginapi.C
 	c := cands[0]
 	pod, a := c.pod, c.a
 	who := "pod " + pod.Namespace + "/" + pod.Name
-	assigned, err := p.m.assignedUUIDs(pod, a)
-	if err != nil {
-		return nil, reasonGPUMismatch, err
+	var assigned []string
+	if c.assigned {
+		var err error
+		if assigned, err = p.m.assignedUUIDs(pod, a); err != nil {
+			return nil, reasonGPUMismatch, err
+		}
 	}
 	req := driver.PodRequest{UID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name, Resource: p.resource, DeviceIDs: deviceIDs}
 	if p.whole {
-		// The kubelet's device IDs are what it accounts; they win.
+		// The kubelet's device IDs are what it accounts; they win. A pod
+		// without an assignment (bound by another scheduler) gets them as
+		// NVIDIA's device plugin would give them.
 		for _, id := range deviceIDs {
 			if _, ok := p.m.byUUID[id]; !ok {
 				return nil, reasonGPUMismatch, fmt.Errorf("%s: device %s is not a GPU of node %s", who, id, p.m.opts.NodeName)
 			}
 		}
 		req.GPUs = slices.Clone(deviceIDs)
-		if !sameSet(assigned, deviceIDs) {
+		if c.assigned && !subset(deviceIDs, assigned) {
 			logger.Info("Warning: the kubelet allocated other GPUs than the controller assigned; using the kubelet's",
 				"pod", klog.KObj(pod), "kubelet", deviceIDs, "assigned", assigned)
 		}
@@ -195,12 +217,20 @@ func (p *plugin) allocate(ctx context.Context, deviceIDs []string) (*pluginapi.C
 		}
 		return nil, reasonError, err
 	}
-	ids := entry.CDIDeviceIDs()
+	var ids []string
+	if p.whole {
+		// The pod's entry holds the GPUs of all its containers: answer
+		// with this container's.
+		ids = entry.CDIDeviceIDs(req.GPUs...)
+	} else {
+		ids = entry.CDIDeviceIDs()
+	}
 	out := &pluginapi.ContainerAllocateResponse{}
 	for _, id := range ids {
 		out.CdiDevices = append(out.CdiDevices, &pluginapi.CDIDevice{Name: id})
 	}
-	logger.Info("Allocated through the device plugin", "pod", klog.KObj(pod), "resource", p.resource, "gpus", req.GPUs, "cdiDevices", ids)
+	logger.Info("Allocated through the device plugin", "pod", klog.KObj(pod), "resource", p.resource, "gpus", req.GPUs,
+		"cdiDevices", ids, "assignment", c.assigned, "retry", c.retry)
 	return out, "", nil
 }
 
@@ -215,22 +245,32 @@ func shareConfig(a assignment.Assignment) *v1alpha1.GpuConfig {
 
 type candidate struct {
 	pod *corev1.Pod
-	a   assignment.Assignment
+	// a is the pod's assignment; assigned says whether it has one (always
+	// for shares; whole GPUs are served without one too).
+	a        assignment.Assignment
+	assigned bool
+	// held are the GPUs the pod's entry holds already (other containers).
+	held []string
+	// retry: the pod's entry already holds exactly the devices asked for (a
+	// kubelet retry, or an init container's GPUs reused by a later
+	// container).
+	retry bool
 }
 
 // candidates are the pods of the informer's cache that may be the one the
-// kubelet allocates n devices of this resource for, oldest binding first;
-// malformed describes pods that would match but whose annotation is bad.
-func (p *plugin) candidates(n int) ([]candidate, []string) {
+// kubelet allocates devices (ids; nil when only the count n is known) of
+// this resource for, best first (see filter); malformed describes pods that
+// would match but whose annotation is bad.
+func (p *plugin) candidates(ids []string, n int) ([]candidate, []string) {
 	pods, err := p.m.pods.List(labels.Everything())
 	if err != nil {
 		return nil, nil
 	}
-	return p.filter(pods, n)
+	return p.filter(pods, ids, n)
 }
 
 // liveCandidates is candidates from a fresh list of the node's pods.
-func (p *plugin) liveCandidates(ctx context.Context, n int) ([]candidate, []string) {
+func (p *plugin) liveCandidates(ctx context.Context, ids []string, n int) ([]candidate, []string) {
 	list, err := p.m.opts.KubeClient.CoreV1().Pods("").List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", p.m.opts.NodeName).String(),
 	})
@@ -242,40 +282,64 @@ func (p *plugin) liveCandidates(ctx context.Context, n int) ([]candidate, []stri
 	for i := range list.Items {
 		pods[i] = &list.Items[i]
 	}
-	return p.filter(pods, n)
+	return p.filter(pods, ids, n)
 }
 
-func (p *plugin) filter(pods []*corev1.Pod, n int) ([]candidate, []string) {
-	held := map[string]bool{}
+// filter applies the rule of README.md ("Which pod"). Whole GPUs: a live pod
+// whose entry already holds exactly ids comes first; then pods with a
+// container requesting n whose entry holds fewer GPUs than the pod requests
+// in all (another container's Allocate), with or without an assignment.
+// Shares: pods with a share assignment and no entry. Oldest binding first.
+func (p *plugin) filter(pods []*corev1.Pod, ids []string, n int) ([]candidate, []string) {
+	held := map[string]driver.PodCheckpoint{}
 	for _, e := range p.m.opts.Ledger.PodAllocations() {
-		held[e.UID] = true
+		held[e.UID] = e
 	}
 	var out []candidate
 	var malformed []string
 	for _, pod := range pods {
-		if pod.Spec.NodeName != p.m.opts.NodeName || terminal(pod) || pod.DeletionTimestamp != nil || held[string(pod.UID)] {
+		if pod.Spec.NodeName != p.m.opts.NodeName || terminal(pod) || pod.DeletionTimestamp != nil {
 			continue
 		}
-		if !requests(pod, p.resource, n) {
+		e, isHeld := held[string(pod.UID)]
+		if isHeld && (!p.whole || e.Resource != p.resource) {
 			continue
 		}
 		a, ok, err := assignment.Of(pod.Annotations)
-		if !ok {
+		if ok && err != nil {
+			if requests(pod, p.resource, n) && !isHeld {
+				malformed = append(malformed, fmt.Sprintf("pod %s/%s: %v", pod.Namespace, pod.Name, err))
+			}
 			continue
 		}
-		if err != nil {
-			malformed = append(malformed, fmt.Sprintf("pod %s/%s: %v", pod.Namespace, pod.Name, err))
+		if ok && a.IsShare() == p.whole {
 			continue
 		}
-		if a.IsShare() == p.whole || (p.whole && len(a.GPUs) != n) {
+		if !p.whole {
+			if ok && requests(pod, p.resource, n) {
+				out = append(out, candidate{pod: pod, a: a, assigned: true})
+			}
 			continue
 		}
-		out = append(out, candidate{pod: pod, a: a})
+		c := candidate{pod: pod, a: a, assigned: ok, held: e.DeviceIDs}
+		if len(ids) > 0 && subset(ids, e.DeviceIDs) {
+			c.retry = true
+			out = append(out, c)
+			continue
+		}
+		total := podRequest(pod, p.resource)
+		if !requests(pod, p.resource, n) || int64(len(e.DeviceIDs)+n) > total || (ok && int64(len(a.GPUs)) != total) {
+			continue
+		}
+		out = append(out, c)
 	}
-	// Oldest binding first; binding times have a resolution of a second, so
-	// ties go by creation, the order in which the kubelet admits a batch of
-	// pods it receives together.
+	// Retries first; then oldest binding first. Binding times have a
+	// resolution of a second, so ties go by creation, the order in which
+	// the kubelet admits a batch of pods it receives together.
 	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].retry != out[j].retry {
+			return out[i].retry
+		}
 		pi, pj := out[i].pod, out[j].pod
 		if ti, tj := bound(pi), bound(pj); !ti.Equal(&tj) {
 			return ti.Before(&tj)
@@ -293,16 +357,42 @@ func requests(pod *corev1.Pod, resource string, n int) bool {
 	name := corev1.ResourceName(resource)
 	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for _, c := range cs {
-			q, ok := c.Resources.Limits[name]
-			if !ok {
-				q, ok = c.Resources.Requests[name]
-			}
-			if ok && q.Value() == int64(n) {
+			if q, ok := amount(c, name); ok && q == int64(n) {
 				return true
 			}
 		}
 	}
 	return false
+}
+
+// podRequest is how many of resource the pod gets in all, as the kubelet
+// counts it: its containers' (and sidecars') sum, or the largest init
+// container when that is more (init containers' devices are reused).
+func podRequest(pod *corev1.Pod, resource string) int64 {
+	name := corev1.ResourceName(resource)
+	var sum, initMax int64
+	for _, c := range pod.Spec.Containers {
+		q, _ := amount(c, name)
+		sum += q
+	}
+	for _, c := range pod.Spec.InitContainers {
+		q, _ := amount(c, name)
+		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			sum += q // a sidecar runs alongside the containers
+			continue
+		}
+		initMax = max(initMax, q)
+	}
+	return max(sum, initMax)
+}
+
+// amount is a container's limit (else request) of an extended resource.
+func amount(c corev1.Container, name corev1.ResourceName) (int64, bool) {
+	q, ok := c.Resources.Limits[name]
+	if !ok {
+		q, ok = c.Resources.Requests[name]
+	}
+	return q.Value(), ok
 }
 
 // bound is when the pod was bound: its PodScheduled condition, else its
