@@ -233,6 +233,9 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 	// attributed: the allocated claims whose devices a pod in the snapshot
 	// accounts for; the others are added as external usage at the end.
 	attributed := map[types.UID]bool{}
+	// assigned: the GPUs (by node, then index) that bound pods' assignments
+	// account for; device-plugin taints on others are external usage.
+	assigned := map[string]map[int]bool{}
 
 	// Pods, grouped into jobs.
 	pods, err := s.podLister.List(everything)
@@ -331,6 +334,12 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 					pl = malformedPlacement(nodeName, v, idx.gpus[nodeName])
 				}
 				cp.Placement = mergePlacements(cp.Placement, pl)
+				if assigned[nodeName] == nil {
+					assigned[nodeName] = map[int]bool{}
+				}
+				for _, g := range pl.GPUs {
+					assigned[nodeName][g] = true
+				}
 			}
 			for _, c := range e.claims {
 				attributed[c.UID] = true
@@ -383,6 +392,7 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 	// core must not offer those GPUs either, or it would keep choosing a GPU
 	// the allocator refuses.
 	s.addUnattributedClaims(idx, attributed, poolNode, jobs, &jobOrder)
+	addDevicePluginHeld(idx, assigned, jobs, &jobOrder)
 	addHostPorts(snap, jobs)
 	s.addAttachLimits(snap, jobs)
 	for _, name := range jobOrder {
@@ -608,6 +618,48 @@ func (s *Scheduler) addUnattributedClaims(idx *cycleIndex, attributed map[types.
 		holdPlacement(&cp)
 		name := "<external>/" + key
 		jobs[name] = &core.Job{Name: name, Queue: externalQueue, Priority: 1 << 30, CreatedAt: c.CreationTimestamp.Time, Pods: []core.Pod{cp}}
+		*jobOrder = append(*jobOrder, name)
+		idx.jobs[name] = &jobRef{pods: []string{key}}
+	}
+}
+
+// addDevicePluginHeld adds, for each node whose slice taints GPUs as held by
+// the device plugin (taintDevicePlugin) that no bound pod's assignment
+// accounts for, a bound pod of the external queue holding those GPUs whole.
+// Such a GPU is held by a pod another scheduler bound with nvidia.com/gpu
+// (it has no assignment), or by a pod gone from the cache whose release
+// the node has not published yet. A "shared" GPU without a known holder is
+// counted whole too: its holder's sharing mode and memory are unknown, and
+// a share always has an assignment, so this lasts only until the node
+// publishes the release (or the controller sees the pod).
+func addDevicePluginHeld(idx *cycleIndex, assigned map[string]map[int]bool, jobs map[string]*core.Job, jobOrder *[]string) {
+	nodes := make([]string, 0, len(idx.gpus))
+	for name, g := range idx.gpus {
+		if g != nil && len(g.dpHeld) > 0 {
+			nodes = append(nodes, name)
+		}
+	}
+	sort.Strings(nodes)
+	for _, node := range nodes {
+		g := idx.gpus[node]
+		pl := core.Placement{Node: node}
+		for _, gp := range g.gpus {
+			dev := deviceName(gp.Index)
+			if _, held := g.dpHeld[dev]; !held || assigned[node][gp.Index] {
+				continue
+			}
+			pl.GPUs = append(pl.GPUs, gp.Index)
+			pl.GPUMemory = append(pl.GPUMemory, gp.Memory)
+			pl.GPUMilli = append(pl.GPUMilli, 1000)
+		}
+		if len(pl.GPUs) == 0 {
+			continue
+		}
+		key := "<device-plugin>/" + node
+		cp := core.Pod{Name: key, Phase: core.PodBound, Placement: pl, Pinned: true}
+		holdPlacement(&cp)
+		name := "<external>/" + key
+		jobs[name] = &core.Job{Name: name, Queue: externalQueue, Priority: 1 << 30, Pods: []core.Pod{cp}}
 		*jobOrder = append(*jobOrder, name)
 		idx.jobs[name] = &jobRef{pods: []string{key}}
 	}

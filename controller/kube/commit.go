@@ -536,6 +536,16 @@ func (s *Scheduler) allocate(ctx context.Context, ref *podRef, idx *cycleIndex, 
 			}
 			narrowed := sl.DeepCopy()
 			narrowed.Spec.Devices = slicesFilter(narrowed.Spec.Devices, func(d resourceapi.Device) bool { return chosen.Has(d.Name) })
+			for i := range narrowed.Spec.Devices {
+				// The core placed a share next to device-plugin shares of
+				// the same mode (it knows them by their assignment): the
+				// "shared" taint, meant for kube-scheduler, must not stop
+				// the allocator. "whole" stays, a second guard.
+				d := &narrowed.Spec.Devices[i]
+				d.Taints = slicesFilter(d.Taints, func(t resourceapi.DeviceTaint) bool {
+					return t.Key != taintDevicePlugin || t.Value != taintShared
+				})
+			}
 			sl = narrowed
 		}
 		slices = append(slices, sl)

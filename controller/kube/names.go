@@ -42,6 +42,15 @@ const (
 	attrUUID         = DriverName + "/uuid"
 	capacityMemory   = "memory"
 
+	// taintDevicePlugin is the device taint tessera-node puts on a GPU its
+	// device plugin holds, value taintWhole or taintShared (driver's
+	// TaintDevicePlugin). It keeps kube-scheduler's claims off the GPU; the
+	// controller knows these pods by their assignment, so the key does not
+	// make a GPU unusable here (see gpusFromSlices, addDevicePluginHeld).
+	taintDevicePlugin = DriverName + "/device-plugin"
+	taintWhole        = "whole"
+	taintShared       = "shared"
+
 	// finalizerDeleteProtection keeps an allocated claim from being deleted
 	// while a pod may still use it (kube-scheduler uses the same one).
 	finalizerDeleteProtection = "resource.kubernetes.io/delete-protection"

@@ -25,8 +25,12 @@ type nodeGPUs struct {
 	gpus []core.GPU
 	// byDevice maps a device name ("gpu-3") to its position in gpus.
 	byDevice map[string]int
-	// tainted holds device names with a NoSchedule or NoExecute taint.
+	// tainted holds device names with a NoSchedule or NoExecute taint,
+	// but for taintDevicePlugin.
 	tainted map[string]bool
+	// dpHeld maps the device names tessera-node's device plugin holds (its
+	// taintDevicePlugin taint) to taintWhole or taintShared.
+	dpHeld map[string]string
 	// devices by GPU index, for CEL selectors.
 	devices map[int]*resourceapi.Device
 	// pool and generation identify the slices the GPUs came from.
@@ -37,7 +41,7 @@ type nodeGPUs struct {
 // gpusFromSlices reads the Tessera devices of one node's ResourceSlices. Only
 // the newest generation of a pool counts, as the DRA API specifies.
 func gpusFromSlices(slices []*resourceapi.ResourceSlice) *nodeGPUs {
-	out := &nodeGPUs{byDevice: map[string]int{}, tainted: map[string]bool{}, devices: map[int]*resourceapi.Device{}}
+	out := &nodeGPUs{byDevice: map[string]int{}, tainted: map[string]bool{}, dpHeld: map[string]string{}, devices: map[int]*resourceapi.Device{}}
 	for _, s := range slices {
 		if s.Spec.Driver == DriverName && s.Spec.Pool.Generation > out.generation {
 			out.generation = s.Spec.Pool.Generation
@@ -69,6 +73,14 @@ func gpusFromSlices(slices []*resourceapi.ResourceSlice) *nodeGPUs {
 				g.Memory = c.Value.Value()
 			}
 			for _, t := range d.Taints {
+				if t.Key == taintDevicePlugin {
+					// Not unusable: the holders are device-plugin pods,
+					// known by their assignment or counted as external.
+					if out.dpHeld[d.Name] != taintWhole {
+						out.dpHeld[d.Name] = t.Value
+					}
+					continue
+				}
 				if t.Effect == resourceapi.DeviceTaintEffectNoSchedule || t.Effect == resourceapi.DeviceTaintEffectNoExecute {
 					out.tainted[d.Name] = true
 				}

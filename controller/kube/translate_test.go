@@ -54,6 +54,86 @@ func TestGPUsFromSlices(t *testing.T) {
 	assert.Equal(t, int64(2), g.generation)
 }
 
+// TestGPUsFromSlicesDevicePluginTaint: the device-plugin taint does not
+// make a GPU unusable (the controller knows those pods by their
+// assignment); it is recorded, whole winning over shared. Other taints are
+// unusable, also next to it.
+func TestGPUsFromSlicesDevicePluginTaint(t *testing.T) {
+	dp := func(v string) resourceapi.DeviceTaint {
+		return resourceapi.DeviceTaint{Key: taintDevicePlugin, Value: v, Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	}
+	unhealthy := resourceapi.DeviceTaint{Key: "gpu.tessera.dev/unhealthy", Value: "xid-79", Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	for _, tc := range []struct {
+		name        string
+		taints      []resourceapi.DeviceTaint
+		wantTainted bool
+		wantHeld    string
+	}{
+		{"none", nil, false, ""},
+		{"whole", []resourceapi.DeviceTaint{dp("whole")}, false, "whole"},
+		{"shared", []resourceapi.DeviceTaint{dp("shared")}, false, "shared"},
+		{"whole wins", []resourceapi.DeviceTaint{dp("whole"), dp("shared")}, false, "whole"},
+		{"unhealthy too", []resourceapi.DeviceTaint{unhealthy, dp("shared")}, true, "shared"},
+		{"other key", []resourceapi.DeviceTaint{{Key: "example.com/maintenance", Effect: resourceapi.DeviceTaintEffectNoExecute}}, true, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := "n1"
+			d := device(0, "d", false)
+			d.Taints = tc.taints
+			g := gpusFromSlices([]*resourceapi.ResourceSlice{{Spec: resourceapi.ResourceSliceSpec{Driver: DriverName, NodeName: &node,
+				Pool: resourceapi.ResourcePool{Name: node, Generation: 1}, Devices: []resourceapi.Device{d}}}})
+			require.Len(t, g.gpus, 1)
+			assert.Equal(t, tc.wantTainted, g.tainted["gpu-0"])
+			assert.Equal(t, tc.wantHeld, g.dpHeld["gpu-0"])
+		})
+	}
+}
+
+// TestAddDevicePluginHeld: tainted GPUs that no bound pod's assignment
+// accounts for are held whole by an external pod, whatever the value.
+func TestAddDevicePluginHeld(t *testing.T) {
+	gpus := func(held map[string]string) *nodeGPUs {
+		g := &nodeGPUs{dpHeld: held}
+		for i := range 4 {
+			g.gpus = append(g.gpus, core.GPU{Index: i, Memory: 80 << 30})
+		}
+		return g
+	}
+	for _, tc := range []struct {
+		name     string
+		held     map[string]string
+		assigned map[int]bool
+		want     []int // GPUs of the external pod; nil: no pod
+	}{
+		{"no taint", nil, nil, nil},
+		{"whole, no holder", map[string]string{"gpu-1": "whole"}, nil, []int{1}},
+		{"whole, assigned", map[string]string{"gpu-1": "whole"}, map[int]bool{1: true}, nil},
+		{"shared, no holder: held whole", map[string]string{"gpu-2": "shared"}, nil, []int{2}},
+		{"shared, assigned", map[string]string{"gpu-2": "shared"}, map[int]bool{2: true}, nil},
+		{"some of them", map[string]string{"gpu-0": "whole", "gpu-3": "shared", "gpu-2": "whole"}, map[int]bool{2: true}, []int{0, 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			idx := &cycleIndex{gpus: map[string]*nodeGPUs{"n1": gpus(tc.held), "n2": nil}, jobs: map[string]*jobRef{}}
+			jobs := map[string]*core.Job{}
+			var order []string
+			addDevicePluginHeld(idx, map[string]map[int]bool{"n1": tc.assigned}, jobs, &order)
+			if tc.want == nil {
+				assert.Empty(t, jobs)
+				return
+			}
+			require.Equal(t, []string{"<external>/<device-plugin>/n1"}, order)
+			j := jobs[order[0]]
+			assert.Equal(t, externalQueue, j.Queue)
+			require.Len(t, j.Pods, 1)
+			p := j.Pods[0]
+			assert.Equal(t, core.PodBound, p.Phase)
+			assert.Equal(t, tc.want, p.Placement.GPUs)
+			assert.Equal(t, len(tc.want), p.Request.GPUs, "held whole")
+			assert.Empty(t, p.Placement.Sharing)
+		})
+	}
+}
+
 func class(name string, strategy gpuconfig.SharingStrategy) *resourceapi.DeviceClass {
 	raw, _ := json.Marshal(map[string]any{"apiVersion": gpuconfig.APIVersion, "kind": gpuconfig.Kind, "sharing": map[string]any{"strategy": strategy}})
 	return &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: resourceapi.DeviceClassSpec{
