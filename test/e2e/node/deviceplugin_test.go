@@ -77,6 +77,14 @@ func (e *nodeEnv) shareClient(t testing.TB, k *devicePluginKubelet) pluginapi.De
 // ledger, with a kubelet; it returns a client of the share plugin.
 func (e *nodeEnv) startDevicePlugins(t testing.TB, d *driver.Driver) pluginapi.DevicePluginClient {
 	t.Helper()
+	share, _ := e.startDevicePluginClients(t, d)
+	return share
+}
+
+// startDevicePluginClients is startDevicePlugins returning clients of both
+// plugins: shares and whole GPUs.
+func (e *nodeEnv) startDevicePluginClients(t testing.TB, d *driver.Driver) (share, whole pluginapi.DevicePluginClient) {
+	t.Helper()
 	k := e.startDevicePluginKubelet(t)
 	m, err := deviceplugin.Start(context.Background(), deviceplugin.Options{
 		NodeName: e.name, KubeClient: cluster(t).Client(t), Inventory: e.fake, Ledger: d,
@@ -84,11 +92,19 @@ func (e *nodeEnv) startDevicePlugins(t testing.TB, d *driver.Driver) pluginapi.D
 	})
 	require.NoError(t, err)
 	t.Cleanup(m.Stop)
-	return e.shareClient(t, k)
+	share = e.shareClient(t, k)
+	require.Eventually(t, func() bool { return k.endpoint(assignment.DefaultResourceGPU) != "" }, 30*time.Second, 20*time.Millisecond)
+	whole = pluginapi.NewDevicePluginClient(dial(t, filepath.Join(e.devicePlugins, k.endpoint(assignment.DefaultResourceGPU))))
+	return share, whole
 }
 
 func allocateShare(ctx context.Context, c pluginapi.DevicePluginClient, slot string) (*pluginapi.ContainerAllocateResponse, error) {
-	resp, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{slot}}}}, grpc.WaitForReady(true))
+	return allocateIDs(ctx, c, slot)
+}
+
+// allocateIDs is the kubelet's Allocate of one container.
+func allocateIDs(ctx context.Context, c pluginapi.DevicePluginClient, ids ...string) (*pluginapi.ContainerAllocateResponse, error) {
+	resp, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: ids}}}, grpc.WaitForReady(true))
 	if err != nil {
 		return nil, err
 	}
@@ -252,4 +268,113 @@ func TestDevicePluginSurvivesRestart(t *testing.T) {
 	dra.mustPrepare(t, claim)
 	dra.mustUnprepare(t, claim)
 	p.stop(t)
+}
+
+// dpTaints reads the device-plugin taint of each GPU of a slice ("" for
+// none) and whether it also carries the unhealthy taint.
+func dpTaints(slices []resourceapi.ResourceSlice) (held map[string]string, unhealthy map[string]bool) {
+	held, unhealthy = map[string]string{}, map[string]bool{}
+	for name, d := range sliceDevices(slices) {
+		held[name] = ""
+		for _, t := range d.Taints {
+			switch t.Key {
+			case driver.TaintDevicePlugin:
+				held[name] = t.Value
+			case driver.TaintUnhealthy:
+				unhealthy[name] = true
+			}
+		}
+	}
+	return held, unhealthy
+}
+
+// TestDevicePluginTaints: a pod bound by another scheduler (no assignment)
+// gets whole GPUs, one Allocate per container; every GPU the device plugin
+// holds carries the NoSchedule taint gpu.tessera.dev/device-plugin in the
+// published slice (whole or shared, next to the unhealthy taint), a claim on
+// it is refused naming the pod, and the pod's deletion removes the taints.
+func TestDevicePluginTaints(t *testing.T) {
+	c := cluster(t)
+	client := c.Client(t)
+	e := newNodeEnv(t, "dp-taint", "a100-pcie-4")
+	c.AddKwokNode(t, e.name, nil)
+	removeNodeAtEnd(t, client, e.name)
+	ns := "deviceplugin-taint"
+	c.CreateNamespace(t, ns)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	d := e.start(t, nil)
+	defer d.Stop()
+	dra := register(t, e.registrar)
+	share, whole := e.startDevicePluginClients(t, d)
+	uuid := func(i int) string { return gpu.FakeUUID(e.name, i) }
+
+	// Bound by kube-scheduler: two containers with one GPU each, no
+	// assignment.
+	oneGPU := corev1.ResourceRequirements{Limits: corev1.ResourceList{assignment.DefaultResourceGPU: resource.MustParse("1")}}
+	plain, err := client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "plain"},
+		Spec: corev1.PodSpec{NodeName: e.name, Containers: []corev1.Container{
+			{Name: "a", Image: "busybox", Resources: oneGPU}, {Name: "b", Image: "busybox", Resources: oneGPU},
+		}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = client.CoreV1().Pods(ns).Create(ctx, sharePod(ns, "share", e.name, assignment.Assignment{
+		GPUs: []int{3}, MemoryBytes: 10 << 30, ComputeMilli: 250, Sharing: assignment.SharingMPS,
+	}), metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	for _, ids := range [][]string{{uuid(0)}, {uuid(1)}} {
+		resp, err := allocateIDs(ctx, whole, ids...)
+		require.NoError(t, err, "container with %v", ids)
+		require.Len(t, resp.CdiDevices, 1)
+	}
+	entry := readCheckpoint(t, e).DevicePlugin[string(plain.UID)]
+	require.NotNil(t, entry, "one entry for the pod")
+	assert.Equal(t, []string{uuid(0), uuid(1)}, entry.DeviceIDs)
+	_, err = allocateShare(ctx, share, "gpu-0-slot-0")
+	require.NoError(t, err)
+
+	want := map[string]string{"gpu-0": "whole", "gpu-1": "whole", "gpu-2": "", "gpu-3": "shared"}
+	waitSlices(t, client, e.name, 30*time.Second, func(s []resourceapi.ResourceSlice) bool {
+		held, _ := dpTaints(s)
+		return assert.ObjectsAreEqual(want, held)
+	})
+
+	// With the unhealthy taint on the same GPU.
+	require.NoError(t, e.fake.Remove(3))
+	waitSlices(t, client, e.name, 30*time.Second, func(s []resourceapi.ResourceSlice) bool {
+		held, unhealthy := dpTaints(s)
+		return assert.ObjectsAreEqual(want, held) && unhealthy["gpu-3"]
+	})
+	require.NoError(t, e.fake.Recover(3))
+
+	// A claim kube-scheduler might still place there (DRADeviceTaints off)
+	// is refused by the ledger, naming the pod.
+	claim := createAllocatedClaim(t, client, drivertest.Claim(ns, "on-1", "", []resourceapi.DeviceRequestAllocationResult{
+		drivertest.Result("gpu", e.name, "gpu-1", ""),
+	}))
+	res, err := dra.prepare(ctx, claim)
+	require.NoError(t, err)
+	assert.Contains(t, res[string(claim.UID)].Error, "held whole by pod deviceplugin-taint/plain (device plugin)")
+
+	// Deleting the pods removes their taints.
+	require.NoError(t, client.CoreV1().Pods(ns).Delete(ctx, "plain", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}))
+	want = map[string]string{"gpu-0": "", "gpu-1": "", "gpu-2": "", "gpu-3": "shared"}
+	waitSlices(t, client, e.name, 30*time.Second, func(s []resourceapi.ResourceSlice) bool {
+		held, unhealthy := dpTaints(s)
+		return assert.ObjectsAreEqual(want, held) && !unhealthy["gpu-3"]
+	})
+	require.NoError(t, client.CoreV1().Pods(ns).Delete(ctx, "share", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}))
+	waitSlices(t, client, e.name, 30*time.Second, func(s []resourceapi.ResourceSlice) bool {
+		for _, d := range sliceDevices(s) {
+			if len(d.Taints) > 0 {
+				return false
+			}
+		}
+		return len(s) > 0
+	})
+	dra.mustPrepare(t, claim)
+	dra.mustUnprepare(t, claim)
 }
