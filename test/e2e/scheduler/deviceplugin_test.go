@@ -1,6 +1,7 @@
 package scheduler_test
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,8 +13,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	"github.com/tessera-gpu/tessera/controller/core"
 	"github.com/tessera-gpu/tessera/controller/kube"
+	"github.com/tessera-gpu/tessera/driver"
 	"github.com/tessera-gpu/tessera/internal/assignment"
 )
 
@@ -183,5 +186,100 @@ func TestDevicePluginPods(t *testing.T) {
 		e.waitBound("dp-next")
 		assert.Equal(t, "dp-0", e.pod("dp-next").Spec.NodeName)
 		assert.Equal(t, freed, e.assignmentOf("dp-next").GPUs)
+	})
+}
+
+// dpTaint is the device-plugin taint value of a GPU in a node's slice.
+func (e *env) dpTaint(node, device string) string {
+	e.t.Helper()
+	sl, err := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	require.NoError(e.t, err)
+	for _, s := range sl.Items {
+		for _, d := range s.Spec.Devices {
+			for _, t := range d.Taints {
+				if d.Name == device && t.Key == driver.TaintDevicePlugin {
+					return t.Value
+				}
+			}
+		}
+	}
+	return ""
+}
+
+func (e *env) waitDPTaint(node, device, want string) {
+	e.t.Helper()
+	e.eventually(fmt.Sprintf("%s/%s tainted %q", node, device, want), 30*time.Second, func() (bool, string) {
+		got := e.dpTaint(node, device)
+		return got == want, got
+	})
+}
+
+// TestDevicePluginTaints: the GPUs tessera-node's device plugin holds carry
+// the device taint gpu.tessera.dev/device-plugin. A GPU tainted "whole" that
+// no pod's assignment accounts for (a pod kube-scheduler bound) is never
+// given by the controller; a GPU tainted "shared" whose holder it knows
+// takes more shares of the same mode, through either path.
+func TestDevicePluginTaints(t *testing.T) {
+	e := newEnv(t)
+	const node = "dp-taint"
+	d := e.addGPUNodeWith(node, "l4-2", v1.ResourceList{
+		assignment.DefaultResourceGPU: resource.MustParse("2"),
+		assignment.ResourceShare:      resource.MustParse("20"),
+	})
+	uuids, _ := e.sliceGPUs(node)
+	onNode := map[string]string{"kubernetes.io/hostname": node}
+
+	// kube-scheduler bound a pod with nvidia.com/gpu: 1 there (no
+	// assignment) and the kubelet allocated GPU 0 for it.
+	_, err := d.AllocatePod(e.ctx, driver.PodRequest{UID: "uid-kube-scheduled", Namespace: "other", Name: "kube-scheduled",
+		Resource: assignment.DefaultResourceGPU, DeviceIDs: []string{uuids[0]}, GPUs: []string{uuids[0]}})
+	require.NoError(t, err)
+	e.waitDPTaint(node, "gpu-0", "whole")
+	e.startScheduler(core.Config{})
+
+	t.Run("a whole GPU held without an assignment is not given", func(t *testing.T) {
+		e.createPod(podSpec{name: "claim-a", claim: &gpuClaim{}, nodeSelector: onNode})
+		e.waitBound("claim-a")
+		assert.Equal(t, []int{1}, e.claimGPUs("claim-a"))
+		e.createPod(podSpec{name: "claim-b", claim: &gpuClaim{}, nodeSelector: onNode})
+		e.eventually("claim-b pending with a reason", 60*time.Second, func() (bool, string) {
+			p := e.pod("claim-b")
+			if p.Spec.NodeName != "" {
+				t.Fatalf("claim-b bound to %s, though GPU 0 is the device plugin's", p.Spec.NodeName)
+			}
+			r := pendingReason(p)
+			return strings.HasPrefix(r, "Unschedulable: ") && len(r) > len("Unschedulable: "), r
+		})
+		// The node releases the GPU (the pod ended): the taint goes, and
+		// the claim gets it.
+		_, err := d.ReleasePod(e.ctx, "uid-kube-scheduled")
+		require.NoError(t, err)
+		e.waitBound("claim-b")
+		assert.Equal(t, []int{0}, e.claimGPUs("claim-b"))
+		e.checkNoDoubleAllocation()
+	})
+
+	t.Run("a shared GPU whose holder is known takes more shares", func(t *testing.T) {
+		// GPU 1 becomes free; GPU 0 stays with claim-b.
+		require.NoError(t, e.client.CoreV1().Pods(e.ns).Delete(e.ctx, "claim-a", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
+		quarter := map[string]string{kube.AnnotationGPUFraction: "0.25", kube.AnnotationGPUSharing: "timeslice"}
+		e.createPod(podSpec{name: "dp-share", limits: slotLimits, annotations: quarter})
+		e.waitBound("dp-share")
+		a := e.assignmentOf("dp-share")
+		require.Equal(t, []int{1}, a.GPUs)
+		// The kubelet admits it: the device plugin's Allocate, on the ledger.
+		p := e.pod("dp-share")
+		_, err := d.AllocatePod(e.ctx, driver.PodRequest{UID: string(p.UID), Namespace: p.Namespace, Name: p.Name,
+			Resource: assignment.ResourceShare, DeviceIDs: []string{"gpu-1-slot-0"}, GPUs: []string{uuids[1]},
+			MemoryBytes: uint64(a.MemoryBytes), Config: v1alpha1.NewTimeSlicingConfig("")})
+		require.NoError(t, err)
+		e.waitDPTaint(node, "gpu-1", "shared")
+
+		e.createPod(podSpec{name: "dp-share-2", limits: slotLimits, annotations: quarter})
+		e.createPod(podSpec{name: "claim-share", claim: &gpuClaim{class: "timeslice.gpu.tessera.dev", memory: "4Gi"}, nodeSelector: onNode})
+		e.waitBound("dp-share-2", "claim-share")
+		assert.Equal(t, []int{1}, e.assignmentOf("dp-share-2").GPUs)
+		assert.Equal(t, []int{1}, e.claimGPUs("claim-share"))
+		e.checkNoDoubleAllocation()
 	})
 }

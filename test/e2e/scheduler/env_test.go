@@ -120,7 +120,9 @@ func (e *env) addGPUNode(name, profile string, taints ...v1.Taint) {
 // addGPUNodeWith is addGPUNode with extra resources in the node's capacity
 // and allocatable: the extended resources of tessera-node's device plugin
 // (nvidia.com/gpu, tessera.dev/gpu-share), which a kubelet would report.
-func (e *env) addGPUNodeWith(name, profile string, extra v1.ResourceList, taints ...v1.Taint) {
+// It returns the node's driver, whose ledger tests may use as the device
+// plugin would.
+func (e *env) addGPUNodeWith(name, profile string, extra v1.ResourceList, taints ...v1.Taint) *driver.Driver {
 	t := e.t
 	t.Helper()
 	capacity := v1.ResourceList{
@@ -162,6 +164,7 @@ func (e *env) addGPUNodeWith(name, profile string, extra v1.ResourceList, taints
 		}
 		return n == len(devs), fmt.Sprintf("%d of %d devices published", n, len(devs))
 	})
+	return d
 }
 
 func (e *env) eventually(what string, timeout time.Duration, cond func() (bool, string)) {
