@@ -35,8 +35,10 @@ import (
 	"github.com/tessera-gpu/tessera/cdi"
 	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/deploy/rbac"
+	"github.com/tessera-gpu/tessera/deviceplugin"
 	"github.com/tessera-gpu/tessera/driver/deviceclasses"
 	"github.com/tessera-gpu/tessera/driver/drivertest"
+	"github.com/tessera-gpu/tessera/internal/assignment"
 	"github.com/tessera-gpu/tessera/test/controlplane"
 	"github.com/tessera-gpu/tessera/test/framework"
 	"github.com/tessera-gpu/tessera/test/realnode"
@@ -176,8 +178,10 @@ func setup(t *testing.T) *cluster {
 			"--cdi-root", node.CDIDir,
 			"--mps-root", mpsRoot,
 			"--http-address", agentAddr,
-			// These tests cover the DRA path; the device plugin's are in test/e2e/node.
-			"--device-plugin=false",
+			// The kubelet's device-plugin directory is fixed
+			// (/var/lib/kubelet/device-plugins), and this node is the
+			// only one using it.
+			"--device-plugin-dir", node.DevicePluginsDir,
 			"--v", "2",
 		},
 		env: []string{
@@ -197,6 +201,7 @@ func setup(t *testing.T) *cluster {
 	})
 	c.startController(t, filepath.Join(bins, "tessera-controller"))
 	c.waitSlices(t)
+	c.waitAllocatable(t)
 	return c
 }
 
@@ -356,6 +361,32 @@ func (c *cluster) waitSlices(t *testing.T) {
 			return
 		} else if time.Now().After(deadline) {
 			t.Fatalf("ResourceSlices of %s list %d devices after 1m, want %d; tessera-node log:\n%s", c.node.Name, n, gpuCount, tail(c.agent.logPath, 30))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// waitAllocatable waits for the kubelet to report the device plugin's
+// resources: every GPU whole, and the default number of slots per GPU.
+func (c *cluster) waitAllocatable(t *testing.T) {
+	t.Helper()
+	want := map[corev1.ResourceName]int64{assignment.DefaultResourceGPU: gpuCount, assignment.ResourceShare: gpuCount * deviceplugin.DefaultShareSlots}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		n, err := c.client.CoreV1().Nodes().Get(context.Background(), c.node.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("getting node %s: %v", c.node.Name, err)
+		}
+		ok := true
+		for r, v := range want {
+			q := n.Status.Allocatable[r]
+			ok = ok && q.Value() == v
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s allocatable %v after 1m, want %v; tessera-node log:\n%s", c.node.Name, n.Status.Allocatable, want, tail(c.agent.logPath, 30))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
