@@ -7,6 +7,8 @@ package webhook
 import (
 	"context"
 	"fmt"
+	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +19,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
@@ -134,6 +137,36 @@ func TestWebhook(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, v1.DefaultSchedulerName, got.Spec.SchedulerName)
 		assert.Empty(t, got.Spec.Containers[0].Resources.Limits)
+	})
+
+	// The example of demo/device-plugin stays what its comments say.
+	t.Run("the device-plugin demo's pods", func(t *testing.T) {
+		f, err := os.Open("../../../demo/device-plugin/pods.yaml")
+		require.NoError(t, err)
+		defer f.Close()
+		dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+		got := map[string]*v1.Pod{}
+		for {
+			var p v1.Pod
+			if err := dec.Decode(&p); err == io.EOF {
+				break
+			} else {
+				require.NoError(t, err)
+			}
+			p.Namespace = ns
+			p.Spec.PriorityClassName = "" // the chart's PriorityClasses are not installed here
+			out, err := create(&p)
+			require.NoError(t, err, p.Name)
+			got[p.Name] = out
+		}
+		require.Len(t, got, 3)
+		for _, name := range []string{"half-a", "half-b"} {
+			assert.Equal(t, "tessera-scheduler", got[name].Spec.SchedulerName, name)
+			assert.True(t, one.Equal(got[name].Spec.Containers[0].Resources.Limits[assignment.ResourceShare]), name)
+		}
+		two := got["two-gpus"]
+		assert.Equal(t, "tessera-scheduler", two.Spec.SchedulerName)
+		assert.NotContains(t, two.Spec.Containers[0].Resources.Limits, v1.ResourceName(assignment.ResourceShare))
 	})
 
 	// matchConditions send only annotated pods: with the webhook down
