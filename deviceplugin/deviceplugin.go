@@ -49,6 +49,9 @@ type Ledger interface {
 	ReleasePod(ctx context.Context, uid string) (bool, error)
 	PodAllocations() []driver.PodCheckpoint
 	RecordRefusal(resource, reason string)
+	// HeldForWholeGPUs lists the GPUs claims and shares hold, with a channel
+	// closed at the ledger's next change.
+	HeldForWholeGPUs() (map[string]bool, <-chan struct{})
 }
 
 var _ Ledger = &driver.Driver{}

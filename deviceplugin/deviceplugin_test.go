@@ -17,11 +17,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/tessera-gpu/tessera/cdi"
@@ -602,4 +604,58 @@ func TestReconcileAtStart(t *testing.T) {
 	got := e.drv.PodAllocations()
 	require.Len(t, got, 1, "released at start, before serving")
 	assert.Equal(t, "uid-kept", got[0].UID)
+}
+
+// TestWholeGPUsHeldByClaims: a GPU a ResourceClaim holds, whole or in part,
+// leaves the kubelet's allocatable of whole GPUs (reported Unhealthy) and
+// the preferred allocations, and comes back when the claim goes; the share
+// slots stay, since a share's GPU comes from its assignment.
+func TestWholeGPUsHeldByClaims(t *testing.T) {
+	e := newEnv(t, pod("whole", "nvidia.com/gpu", 1, nil, "", time.Now()))
+	waitRegistered(t, e.kubelet, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := e.dial(t, GPUSocket)
+	whole, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
+	require.NoError(t, err)
+	unhealthy := func() []string {
+		t.Helper()
+		w, err := whole.Recv()
+		require.NoError(t, err)
+		var out []string
+		for _, d := range w.Devices {
+			if d.Health == pluginapi.Unhealthy {
+				out = append(out, d.ID)
+			}
+		}
+		return out
+	}
+	assert.Empty(t, unhealthy())
+
+	excl := drivertest.Claim("ns", "excl", "uid-excl", []resourceapi.DeviceRequestAllocationResult{drivertest.Result("gpu", nodeName, "gpu-2", "")}, drivertest.Strategy("Exclusive"))
+	half := drivertest.Claim("ns", "half", "uid-half", []resourceapi.DeviceRequestAllocationResult{drivertest.Result("gpu", nodeName, "gpu-4", "40Gi")}, drivertest.Strategy("MPS"))
+	res, err := e.drv.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{excl, half})
+	require.NoError(t, err)
+	for uid, r := range res {
+		require.NoError(t, r.Err, uid)
+	}
+	assert.ElementsMatch(t, []string{uuid(2), uuid(4)}, unhealthy())
+
+	all := make([]string, 8)
+	for i := range all {
+		all[i] = uuid(i)
+	}
+	pref, err := c.GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+		AvailableDeviceIDs: all, AllocationSize: 6,
+	}}})
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{uuid(0), uuid(1), uuid(3), uuid(5), uuid(6), uuid(7)}, pref.ContainerResponses[0].DeviceIDs)
+
+	// A whole-GPU device-plugin pod's own GPUs are the kubelet's business:
+	// they stay Healthy.
+	_, err = allocate(ctx, c, uuid(7))
+	require.NoError(t, err)
+	_, err = e.drv.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: excl.UID}, {UID: half.UID}})
+	require.NoError(t, err)
+	assert.Empty(t, unhealthy())
 }

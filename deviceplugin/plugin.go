@@ -33,11 +33,16 @@ func (p *plugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*plu
 
 // devices lists the plugin's devices: one per GPU (ID = GPU UUID) for whole
 // GPUs, ShareSlots per GPU for shares, with the GPU's health and NUMA node.
-func (p *plugin) devices(unhealthy map[string]bool) []*pluginapi.Device {
+// A whole GPU that a ResourceClaim or a share holds (held) is reported
+// Unhealthy too: the device-plugin API has no other way to take a device out
+// of the kubelet's allocatable, and the kubelet must not pick it for a pod
+// that asks for whole GPUs (the ledger would refuse it). The kubelet keeps a
+// device it already allocated, so this never disturbs a running pod.
+func (p *plugin) devices(unhealthy, held map[string]bool) []*pluginapi.Device {
 	var out []*pluginapi.Device
 	for _, g := range p.m.gpus {
 		health := pluginapi.Healthy
-		if unhealthy[g.UUID] {
+		if unhealthy[g.UUID] || (p.whole && held[g.UUID]) {
 			health = pluginapi.Unhealthy
 		}
 		var topo *pluginapi.TopologyInfo
@@ -56,21 +61,48 @@ func (p *plugin) devices(unhealthy map[string]bool) []*pluginapi.Device {
 }
 
 // ListAndWatch implements the device plugin API: the devices now, and again
-// on every health change.
+// on every health change and, for whole GPUs, every change of what claims
+// and shares hold.
 func (p *plugin) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingServer[pluginapi.ListAndWatchResponse]) error {
+	var last []*pluginapi.Device
 	for {
-		unhealthy, changed := p.m.health()
-		if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: p.devices(unhealthy)}); err != nil {
-			return err
+		unhealthy, healthChanged := p.m.health()
+		var held map[string]bool
+		var ledgerChanged <-chan struct{}
+		if p.whole {
+			held, ledgerChanged = p.m.opts.Ledger.HeldForWholeGPUs()
+		}
+		devs := p.devices(unhealthy, held)
+		// A ledger change that moves no device's health is not news.
+		if last == nil || !sameDevices(last, devs) {
+			if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: devs}); err != nil {
+				return err
+			}
+			last = devs
 		}
 		select {
 		case <-stream.Context().Done():
 			return nil
 		case <-p.m.ctx.Done():
 			return nil
-		case <-changed:
+		case <-healthChanged:
+		case <-ledgerChanged:
 		}
 	}
+}
+
+// sameDevices reports whether two device lists of the plugin (same IDs in
+// the same order) have the same health.
+func sameDevices(a, b []*pluginapi.Device) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].ID != b[i].ID || a[i].Health != b[i].Health {
+			return false
+		}
+	}
+	return true
 }
 
 // GetPreferredAllocation implements the device plugin API (whole GPUs): the
@@ -106,8 +138,15 @@ func (p *plugin) GetPreferredAllocation(ctx context.Context, req *pluginapi.Pref
 			break
 		}
 		if ids == nil {
+			// The kubelet may still offer a GPU that a claim took since the
+			// last ListAndWatch update: keep it out when enough are left.
+			held, _ := p.m.opts.Ledger.HeldForWholeGPUs()
+			avail := slices.DeleteFunc(slices.Clone(cr.AvailableDeviceIDs), func(u string) bool { return held[u] && !slices.Contains(cr.MustIncludeDeviceIDs, u) })
+			if len(avail) < size {
+				avail = cr.AvailableDeviceIDs
+			}
 			var err error
-			ids, err = gpu.PreferredAllocation(p.m.opts.Inventory, cr.AvailableDeviceIDs, cr.MustIncludeDeviceIDs, size)
+			ids, err = gpu.PreferredAllocation(p.m.opts.Inventory, avail, cr.MustIncludeDeviceIDs, size)
 			if err != nil || len(ids) != size {
 				// No topology: the kubelet's own choice is as good.
 				logger.V(2).Info("No preferred allocation", "err", err)

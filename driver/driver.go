@@ -94,6 +94,9 @@ type Driver struct {
 	// mu guards the checkpoint and what is derived from it.
 	mu   sync.Mutex
 	ckpt *Checkpoint
+	// changed is closed and replaced at each change of the ledger (made on
+	// first use).
+	changed chan struct{}
 
 	healthMu sync.Mutex
 	health   Health
@@ -433,8 +436,43 @@ func (d *Driver) restore(ctx context.Context) error {
 	if err := d.store.Save(ckpt); err != nil {
 		return err
 	}
-	d.updateMetrics()
+	d.ledgerChanged()
 	return nil
+}
+
+// ledgerChanged follows every change of the ledger: it recomputes the
+// gauges derived from it and wakes those waiting on LedgerHeld's channel.
+// Callers hold d.mu (or are single-threaded at start).
+func (d *Driver) ledgerChanged() {
+	d.updateMetrics()
+	if d.changed != nil {
+		close(d.changed)
+	}
+	d.changed = make(chan struct{})
+}
+
+// HeldForWholeGPUs lists the GPUs (by UUID) that the device plugin must not
+// offer as whole GPUs: those a ResourceClaim or a device-plugin share holds,
+// in any state (a "preparing" entry holds its capacity too). The channel is
+// closed at the next change of the ledger. Without it, the kubelet could pick
+// such a GPU for a pod that another scheduler bound with nvidia.com/gpu, and
+// the ledger would refuse the allocation, failing the pod.
+func (d *Driver) HeldForWholeGPUs() (map[string]bool, <-chan struct{}) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	held := map[string]bool{}
+	for _, h := range d.holders() {
+		for _, dev := range h.devices {
+			if dev.AdminAccess || (h.devicePlugin && dev.Strategy == string(v1alpha1.Exclusive)) {
+				continue
+			}
+			held[dev.GPUUUID] = true
+		}
+	}
+	if d.changed == nil {
+		d.changed = make(chan struct{})
+	}
+	return held, d.changed
 }
 
 // updateMetrics recomputes the gauges derived from the checkpoint. Callers
@@ -557,7 +595,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		}
 		return nil, fmt.Errorf("checkpoint after preparing: %w", err)
 	}
-	d.updateMetrics()
+	d.ledgerChanged()
 	per := time.Since(start).Seconds() / float64(len(pending))
 	for range pending {
 		d.metrics.prepareLatency.WithLabelValues("prepare").Observe(per)
@@ -591,7 +629,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	if err := d.store.Save(d.ckpt); err != nil {
 		return nil, fmt.Errorf("checkpoint after unpreparing: %w", err)
 	}
-	d.updateMetrics()
+	d.ledgerChanged()
 	per := time.Since(start).Seconds() / float64(removed)
 	for range removed {
 		d.metrics.prepareLatency.WithLabelValues("unprepare").Observe(per)
@@ -660,6 +698,9 @@ type holder struct {
 	// desc names it in refusals: "ResourceClaim ns/c" or "pod ns/p (device plugin)".
 	desc    string
 	devices []DeviceCheckpoint
+	// devicePlugin marks a device-plugin pod: the whole GPUs (Exclusive)
+	// of one are what the kubelet already accounts as allocated.
+	devicePlugin bool
 }
 
 // holders lists every ledger entry of both paths. Callers hold d.mu.
@@ -669,7 +710,7 @@ func (d *Driver) holders() []holder {
 		out = append(out, holder{uid: cl.UID, desc: "ResourceClaim " + cl.Namespace + "/" + cl.Name, devices: cl.Devices})
 	}
 	for _, p := range d.ckpt.DevicePlugin {
-		out = append(out, holder{uid: p.UID, desc: "pod " + p.Namespace + "/" + p.Name + " (device plugin)", devices: p.Devices})
+		out = append(out, holder{uid: p.UID, desc: "pod " + p.Namespace + "/" + p.Name + " (device plugin)", devices: p.Devices, devicePlugin: true})
 	}
 	return out
 }
