@@ -451,28 +451,6 @@ func TestConstraints(t *testing.T) {
 		}
 	})
 
-	// DESIGN.md's fraction annotations without the tessera.dev/gpu-share
-	// slot (no webhook added it) and malformed ones: such a pod waits with
-	// a reason that says what to do, rather than being placed as if it
-	// asked for no GPU. (Scheduled ones: TestDevicePluginPods.)
-	t.Run("fraction annotations", func(t *testing.T) {
-		for name, frac := range map[string]string{"annotated-half": "0.5", "annotated-bad": "half"} {
-			e.createPod(podSpec{name: name, annotations: map[string]string{kube.AnnotationGPUFraction: frac}})
-		}
-		for name, want := range map[string]string{
-			"annotated-half": "add tessera.dev/gpu-share: 1 to a container's limits, or install Tessera's admission webhook",
-			"annotated-bad":  `annotation tessera.dev/gpu-fraction: "half" is not a fraction`,
-		} {
-			e.eventually(name+" pending with its reason", 60*time.Second, func() (bool, string) {
-				p := e.pod(name)
-				if p.Spec.NodeName != "" {
-					t.Fatalf("%s bound to %s", name, p.Spec.NodeName)
-				}
-				return contains(pendingReason(p), want), pendingReason(p)
-			})
-		}
-	})
-
 	// Required pod anti-affinity keeps replicas apart; required pod
 	// affinity puts a pod beside the one it needs.
 	t.Run("pod affinity", func(t *testing.T) {
