@@ -309,6 +309,11 @@ func TestHelmTemplateValues(t *testing.T) {
 	require.Equal(t, "gpu", role.Namespace)
 	require.Equal(t, []string{"my-lease"}, role.Rules[1].ResourceNames)
 	require.Nil(t, find[*schedulingv1.PriorityClass](objs, "tessera-train"))
+
+	// One value names the whole-GPU resource for both programs.
+	objs = render(t, "--set", "gpuResourceName=example.com/gpu")
+	require.Contains(t, find[*appsv1.DaemonSet](objs, "tessera-node").Spec.Template.Spec.Containers[0].Args, "--gpu-resource-name=example.com/gpu")
+	require.Contains(t, find[*appsv1.Deployment](objs, "tessera-controller").Spec.Template.Spec.Containers[0].Args, "--gpu-resource-name=example.com/gpu")
 }
 
 func decodeAll(t *testing.T, data []byte) []runtime.Object {
