@@ -118,6 +118,7 @@ func TestCrashBetweenCheckpointWrites(t *testing.T) {
 	client := c.Client(t)
 	e := newNodeEnv(t, "crash-h100", "h100-sxm-8")
 	c.AddKwokNode(t, e.name, nil)
+	removeNodeAtEnd(t, client, e.name)
 	ns := "crash"
 	c.CreateNamespace(t, ns)
 	kubeconfig := c.KubeconfigPath

@@ -55,10 +55,18 @@ func withConfig(c *resourceapi.ResourceClaim, params string) *resourceapi.Resour
 	return c
 }
 
-func podFor(ns, name, claim string) *corev1.Pod {
+// podFor is a pod using claim, kept to node by a required node affinity:
+// the package's other tests leave GPU nodes of their own, which
+// kube-scheduler could otherwise pick.
+func podFor(ns, name, claim, node string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: corev1.PodSpec{
+			Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{{
+					Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node},
+				}}}},
+			}}},
 			Containers: []corev1.Container{{
 				Name: "c", Image: "busybox",
 				Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}},
@@ -96,6 +104,7 @@ func TestStockSchedulerAndPrepare(t *testing.T) {
 	ctx := context.Background()
 	e := newNodeEnv(t, "sched-h100", "h100-sxm-8")
 	c.AddKwokNode(t, e.name, nil)
+	removeNodeAtEnd(t, client, e.name)
 	ns := "sched"
 	c.CreateNamespace(t, ns)
 
@@ -123,7 +132,7 @@ func TestStockSchedulerAndPrepare(t *testing.T) {
 	for _, cl := range claims {
 		_, err := client.ResourceV1().ResourceClaims(ns).Create(ctx, cl, metav1.CreateOptions{})
 		require.NoError(t, err)
-		_, err = client.CoreV1().Pods(ns).Create(ctx, podFor(ns, "pod-"+cl.Name, cl.Name), metav1.CreateOptions{})
+		_, err = client.CoreV1().Pods(ns).Create(ctx, podFor(ns, "pod-"+cl.Name, cl.Name, e.name), metav1.CreateOptions{})
 		require.NoError(t, err)
 	}
 	allocated := map[string]*resourceapi.ResourceClaim{}
@@ -147,7 +156,7 @@ func TestStockSchedulerAndPrepare(t *testing.T) {
 	third := gpuClaim(ns, "mps-3", deviceclasses.MPS, 0, "40Gi")
 	_, err := client.ResourceV1().ResourceClaims(ns).Create(ctx, third, metav1.CreateOptions{})
 	require.NoError(t, err)
-	_, err = client.CoreV1().Pods(ns).Create(ctx, podFor(ns, "pod-mps-3", "mps-3"), metav1.CreateOptions{})
+	_, err = client.CoreV1().Pods(ns).Create(ctx, podFor(ns, "pod-mps-3", "mps-3", e.name), metav1.CreateOptions{})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		p, err := client.CoreV1().Pods(ns).Get(ctx, "pod-mps-3", metav1.GetOptions{})
