@@ -114,13 +114,8 @@ func readCheckpoint(t testing.TB, e *nodeEnv) *driver.Checkpoint {
 // exactly once; then unprepare, corrupt/future checkpoints, and an MPS root
 // too long for the MPS sockets.
 func TestCrashBetweenCheckpointWrites(t *testing.T) {
-	c := cluster(t)
-	client := c.Client(t)
-	e := newNodeEnv(t, "crash-h100", "h100-sxm-8")
-	c.AddKwokNode(t, e.name, nil)
-	removeNodeAtEnd(t, client, e.name)
 	ns := "crash"
-	c.CreateNamespace(t, ns)
+	c, client, e := kwokNode(t, "crash-h100", "h100-sxm-8", ns)
 	kubeconfig := c.KubeconfigPath
 	socket := filepath.Join(e.plugins, "dra.sock")
 

@@ -25,6 +25,7 @@ import (
 	"github.com/tessera-gpu/tessera/driver/drivertest"
 	"github.com/tessera-gpu/tessera/gpu"
 	"github.com/tessera-gpu/tessera/internal/assignment"
+	"github.com/tessera-gpu/tessera/test/controlplane"
 )
 
 // devicePluginKubelet is the kubelet's device-plugin Registration service on
@@ -111,6 +112,21 @@ func allocateIDs(ctx context.Context, c pluginapi.DevicePluginClient, ids ...str
 	return resp.ContainerResponses[0], nil
 }
 
+// kwokNode is the set-up of a test with a node of its own: the package's
+// control plane, a kwok node named name with a node environment for a
+// tessera-node of profile, removed with its slices at the end, and the
+// namespace ns.
+func kwokNode(t *testing.T, name, profile, ns string) (*controlplane.ControlPlane, kubernetes.Interface, *nodeEnv) {
+	t.Helper()
+	c := cluster(t)
+	client := c.Client(t)
+	e := newNodeEnv(t, name, profile)
+	c.AddKwokNode(t, e.name, nil)
+	removeNodeAtEnd(t, client, e.name)
+	c.CreateNamespace(t, ns)
+	return c, client, e
+}
+
 // removeNodeAtEnd deletes the kwok node and its ResourceSlices when the
 // test ends, so the stock scheduler of later tests does not place their
 // pods on it.
@@ -140,13 +156,8 @@ func sharePod(ns, name, node string, a assignment.Assignment) *corev1.Pod {
 // one GPU go through one ledger: the claim that does not fit next to the
 // pod is refused naming the pod, and fits once the pod is deleted.
 func TestDevicePluginShareAndClaim(t *testing.T) {
-	c := cluster(t)
-	client := c.Client(t)
-	e := newNodeEnv(t, "dp-h100", "h100-sxm-8")
-	c.AddKwokNode(t, e.name, nil)
-	removeNodeAtEnd(t, client, e.name)
 	ns := "deviceplugin"
-	c.CreateNamespace(t, ns)
+	_, client, e := kwokNode(t, "dp-h100", "h100-sxm-8", ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
@@ -210,13 +221,8 @@ func TestDevicePluginShareAndClaim(t *testing.T) {
 // reloaded and still holds the GPU); a pod deleted while tessera-node is
 // down is released when it starts again.
 func TestDevicePluginSurvivesRestart(t *testing.T) {
-	c := cluster(t)
-	client := c.Client(t)
-	e := newNodeEnv(t, "dp-restart", "h100-sxm-8")
-	c.AddKwokNode(t, e.name, nil)
-	removeNodeAtEnd(t, client, e.name)
 	ns := "deviceplugin-restart"
-	c.CreateNamespace(t, ns)
+	c, client, e := kwokNode(t, "dp-restart", "h100-sxm-8", ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	draSocket := filepath.Join(e.plugins, "dra.sock")
@@ -294,13 +300,8 @@ func dpTaints(slices []resourceapi.ResourceSlice) (held map[string]string, unhea
 // published slice (whole or shared, next to the unhealthy taint), a claim on
 // it is refused naming the pod, and the pod's deletion removes the taints.
 func TestDevicePluginTaints(t *testing.T) {
-	c := cluster(t)
-	client := c.Client(t)
-	e := newNodeEnv(t, "dp-taint", "a100-pcie-4")
-	c.AddKwokNode(t, e.name, nil)
-	removeNodeAtEnd(t, client, e.name)
 	ns := "deviceplugin-taint"
-	c.CreateNamespace(t, ns)
+	_, client, e := kwokNode(t, "dp-taint", "a100-pcie-4", ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 

@@ -99,14 +99,9 @@ func waitAllocated(t testing.TB, client kubernetes.Interface, ns, name string, t
 // the registered socket writes the right CDI specs for exclusive, MPS and
 // time-sliced claims.
 func TestStockSchedulerAndPrepare(t *testing.T) {
-	c := cluster(t)
-	client := c.Client(t)
-	ctx := context.Background()
-	e := newNodeEnv(t, "sched-h100", "h100-sxm-8")
-	c.AddKwokNode(t, e.name, nil)
-	removeNodeAtEnd(t, client, e.name)
 	ns := "sched"
-	c.CreateNamespace(t, ns)
+	_, client, e := kwokNode(t, "sched-h100", "h100-sxm-8", ns)
+	ctx := context.Background()
 
 	reg := prometheus.NewRegistry()
 	d := e.start(t, reg)

@@ -112,7 +112,7 @@ func testSharing(t *testing.T, c *cluster) {
 	mixed := c.claim(t, "mixed", deviceclasses.MPS, 1, "20Gi")
 	c.create(t, c.gpuPod(t, "mixed", "mixed"))
 	if c.tessera() {
-		c.refusedByTessera(t, "mixed", "mixing sharing modes")
+		c.refused(t, "mixed", "mixing sharing modes")
 		if _, err := os.Stat(c.specPath(mixed)); err == nil {
 			t.Errorf("the refused claim was prepared: %s exists", c.specPath(mixed))
 		}
@@ -294,12 +294,12 @@ func testBrokenCDISpec(t *testing.T, c *cluster) {
 	}
 }
 
-// refusedByTessera waits for tessera-scheduler to report the pod
-// unschedulable with a reason containing why, and checks that it stays
-// unbound with its claim unallocated.
-func (c *cluster) refusedByTessera(t *testing.T, pod, why string) {
+// refused waits for the pod's scheduler to report it unschedulable with a
+// reason containing why, and checks that it stays unbound with its claims
+// unallocated.
+func (c *cluster) refused(t *testing.T, pod, why string) {
 	t.Helper()
-	p := realnode.WaitPod(t, c.client, c.ns, pod, time.Minute, "reported unschedulable by tessera-scheduler", func(p *corev1.Pod) bool {
+	p := realnode.WaitPod(t, c.client, c.ns, pod, time.Minute, "reported unschedulable", func(p *corev1.Pod) bool {
 		for _, cond := range p.Status.Conditions {
 			if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse && strings.Contains(cond.Message, why) {
 				return true
@@ -309,7 +309,7 @@ func (c *cluster) refusedByTessera(t *testing.T, pod, why string) {
 	})
 	for _, cond := range p.Status.Conditions {
 		if cond.Type == corev1.PodScheduled {
-			t.Logf("pod %s refused by tessera-scheduler: %s: %s", pod, cond.Reason, cond.Message)
+			t.Logf("pod %s unschedulable: %s: %s", pod, cond.Reason, cond.Message)
 		}
 	}
 	if p.Spec.NodeName != "" {
