@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/internal/assignment"
 )
 
 // Attribute and capacity names published for every GPU.
@@ -39,14 +40,11 @@ const (
 	// unhealthy; NoSchedule keeps new claims off it while running pods stay.
 	TaintUnhealthy = DriverName + "/unhealthy"
 
-	// TaintDevicePlugin is the device taint key of a GPU held by a
-	// device-plugin allocation, value TaintValueWhole or TaintValueShared:
-	// NoSchedule keeps kube-scheduler from allocating a claim on it (the
-	// node's ledger would refuse it at Prepare). tessera-controller knows
-	// these pods by their assignment and does not treat the key as unusable.
-	TaintDevicePlugin = DriverName + "/device-plugin"
-	TaintValueWhole   = "whole"
-	TaintValueShared  = "shared"
+	// TaintDevicePlugin marks a GPU the device plugin holds
+	// (internal/assignment, shared with tessera-controller).
+	TaintDevicePlugin = assignment.TaintDevicePlugin
+	TaintValueWhole   = assignment.TaintWhole
+	TaintValueShared  = assignment.TaintShared
 )
 
 // DeviceName is the name of GPU index in the node's pool.

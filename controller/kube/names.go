@@ -43,13 +43,12 @@ const (
 	capacityMemory   = "memory"
 
 	// taintDevicePlugin is the device taint tessera-node puts on a GPU its
-	// device plugin holds, value taintWhole or taintShared (driver's
-	// TaintDevicePlugin). It keeps kube-scheduler's claims off the GPU; the
+	// device plugin holds, value taintWhole or taintShared. It keeps kube-scheduler's claims off the GPU; the
 	// controller knows these pods by their assignment, so the key does not
 	// make a GPU unusable here (see gpusFromSlices, addDevicePluginHeld).
-	taintDevicePlugin = DriverName + "/device-plugin"
-	taintWhole        = "whole"
-	taintShared       = "shared"
+	taintDevicePlugin = assignment.TaintDevicePlugin
+	taintWhole        = assignment.TaintWhole
+	taintShared       = assignment.TaintShared
 
 	// finalizerDeleteProtection keeps an allocated claim from being deleted
 	// while a pod may still use it (kube-scheduler uses the same one).

@@ -33,6 +33,16 @@ const (
 	ResourceShare = "tessera.dev/gpu-share"
 	// DefaultResourceGPU is the default extended resource of whole GPUs.
 	DefaultResourceGPU = "nvidia.com/gpu"
+
+	// TaintDevicePlugin is the NoSchedule device taint tessera-node puts in
+	// its ResourceSlice on a GPU its device plugin holds, value TaintWhole
+	// or TaintShared (whole wins). It keeps kube-scheduler's claims off the
+	// GPU (the node's ledger would refuse them at Prepare); tessera-controller
+	// knows these pods by their assignment and does not treat the key as
+	// making the GPU unusable.
+	TaintDevicePlugin = "gpu.tessera.dev/device-plugin"
+	TaintWhole        = "whole"
+	TaintShared       = "shared"
 )
 
 // Sharing modes of a share, as written in the assignment.

@@ -32,6 +32,7 @@ import (
 	gpuconfig "github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
 	"github.com/tessera-gpu/tessera/controller/kube"
+	"github.com/tessera-gpu/tessera/internal/assignment"
 )
 
 // Clients are what the commands read with.
@@ -229,6 +230,36 @@ func nodes(ctx context.Context, c Clients, out io.Writer) error {
 			u.pods = append(u.pods, holders...)
 		}
 	}
+	// Device-plugin pods hold what their assignment says, on the pool of
+	// their node (a bound pod that has not finished).
+	poolOf := map[string]string{}
+	for _, s := range sliceList.Items {
+		if s.Spec.NodeName != nil {
+			poolOf[*s.Spec.NodeName] = s.Spec.Pool.Name
+		}
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		a, ok, err := assignment.Of(p.Annotations)
+		if !ok || err != nil || p.Spec.NodeName == "" || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
+			continue
+		}
+		for _, idx := range a.GPUs {
+			key := poolOf[p.Spec.NodeName] + "/gpu-" + strconv.Itoa(idx)
+			u := use[key]
+			if u == nil {
+				u = &gpuUse{}
+				use[key] = u
+			}
+			if a.IsShare() {
+				u.memory += a.MemoryBytes
+				u.sharing = a.Sharing
+			} else {
+				u.whole = true
+			}
+			u.pods = append(u.pods, p.Namespace+"/"+p.Name)
+		}
+	}
 	type row struct {
 		node, device, model, sharing, used, pods string
 		memory                                   int64
@@ -278,8 +309,19 @@ func nodes(ctx context.Context, c Clients, out io.Writer) error {
 				sort.Strings(ps)
 				r.pods = strings.Join(slices.Compact(ps), ", ")
 			}
-			if len(d.Taints) > 0 {
-				r.used += " (tainted: " + string(d.Taints[0].Effect) + ")"
+			for _, taint := range d.Taints {
+				if taint.Key != assignment.TaintDevicePlugin {
+					r.used += " (tainted: " + string(taint.Effect) + ")"
+					break
+				}
+				if u == nil {
+					// Held through the device plugin by a pod that no
+					// assignment names (bound by another scheduler).
+					r.used, r.pods = taint.Value, "(a device-plugin pod)"
+					if taint.Value == assignment.TaintWhole {
+						r.sharing = string(gpuconfig.Exclusive)
+					}
+				}
 			}
 			rows = append(rows, r)
 		}

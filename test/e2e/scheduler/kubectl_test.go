@@ -7,8 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/tessera-gpu/tessera/cmd/kubectl-tessera/ctl"
 	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/driver"
+	"github.com/tessera-gpu/tessera/internal/assignment"
 )
 
 // TestKubectlPlugin: kubectl tessera queues, nodes and why read what the
@@ -23,6 +29,20 @@ func TestKubectlPlugin(t *testing.T) {
 	e.createPod(podSpec{name: "infer-a", queue: "vision", claim: &gpuClaim{class: "mps.gpu.tessera.dev", memory: "6Gi"}})
 	e.createPod(podSpec{name: "infer-b", queue: "vision", claim: &gpuClaim{class: "mps.gpu.tessera.dev", memory: "6Gi"}})
 	e.waitBound("trainer", "infer-a", "infer-b")
+	// A node with the device plugin: a half-GPU pod of queue default through
+	// the annotation, and GPU 1 held by a pod another scheduler bound (the
+	// node's ledger taints it; no assignment names it).
+	d := e.addGPUNodeWith("dp-b", "l4-2", v1.ResourceList{
+		assignment.DefaultResourceGPU: resource.MustParse("2"),
+		assignment.ResourceShare:      resource.MustParse("20"),
+	})
+	uuids, _ := e.sliceGPUs("dp-b")
+	_, err := d.AllocatePod(e.ctx, driver.PodRequest{UID: "uid-other", Namespace: "other", Name: "other",
+		Resource: assignment.DefaultResourceGPU, DeviceIDs: []string{uuids[1]}, GPUs: []string{uuids[1]}})
+	require.NoError(t, err)
+	e.waitDPTaint("dp-b", "gpu-1", "whole")
+	e.createPod(podSpec{name: "dp-half", limits: slotLimits, annotations: map[string]string{assignment.AnnotationGPUFraction: "0.5"}})
+	e.waitBound("dp-half")
 	e.createPod(podSpec{name: "too-big", queue: "vision", claim: &gpuClaim{count: 2}})
 	c := ctl.Clients{Kube: e.client, Dynamic: e.dyn, Namespace: e.ns}
 	run := func(args ...string) string {
@@ -50,20 +70,24 @@ func TestKubectlPlugin(t *testing.T) {
 
 	nodes := run("nodes")
 	lines := strings.Split(strings.TrimSpace(nodes), "\n")
-	if len(lines) != 3 {
-		t.Fatalf("want a header and 2 GPUs:\n%s", nodes)
+	if len(lines) != 5 {
+		t.Fatalf("want a header and 4 GPUs:\n%s", nodes)
 	}
-	whole, shared := 0, 0
+	whole, shared, dpShare, dpOther := 0, 0, 0, 0
 	for _, l := range lines[1:] {
 		switch {
 		case rowHas(l, "gpu-a", "Exclusive", "whole", e.ns+"/trainer"):
 			whole++
 		case rowHas(l, "gpu-a", "MPS", "12Gi", e.ns+"/infer-a,", e.ns+"/infer-b"):
 			shared++
+		case rowHas(l, "dp-b", "gpu-0", "MPS", "12Gi", "(50%)", e.ns+"/dp-half"):
+			dpShare++
+		case rowHas(l, "dp-b", "gpu-1", "whole", "(a device-plugin pod)"):
+			dpOther++
 		}
 	}
-	if whole != 1 || shared != 1 {
-		t.Errorf("want one GPU whole to trainer and one shared by the two MPS pods:\n%s", nodes)
+	if whole != 1 || shared != 1 || dpShare != 1 || dpOther != 1 {
+		t.Errorf("want one GPU whole to trainer, one shared by the two MPS pods, one half to dp-half by its assignment and one held by the device plugin for a pod without one:\n%s", nodes)
 	}
 
 	var why string
