@@ -49,9 +49,10 @@ type Ledger interface {
 	ReleasePod(ctx context.Context, uid string) (bool, error)
 	PodAllocations() []driver.PodCheckpoint
 	RecordRefusal(resource, reason string)
-	// HeldForWholeGPUs lists the GPUs claims and shares hold, with a channel
-	// closed at the ledger's next change.
-	HeldForWholeGPUs() (map[string]bool, <-chan struct{})
+	// DeviceState gives the unhealthy GPUs and those claims and shares hold,
+	// with a channel closed at the next change of either: the node's one
+	// view of health (one NVML subscription, the driver's).
+	DeviceState() (unhealthy, held map[string]bool, changed <-chan struct{})
 }
 
 var _ Ledger = &driver.Driver{}
@@ -78,8 +79,8 @@ type Options struct {
 	ResyncInterval time.Duration
 }
 
-// Manager runs the two plugins, the pod informer that finds and releases
-// device-plugin pods, and the health watch.
+// Manager runs the two plugins and the pod informer that finds and releases
+// device-plugin pods.
 type Manager struct {
 	opts    Options
 	gpus    []gpu.Device
@@ -91,10 +92,6 @@ type Manager struct {
 	// allocMu serialises Allocate of both plugins, so two calls never pick
 	// the same pod.
 	allocMu sync.Mutex
-
-	healthMu  sync.Mutex
-	unhealthy map[string]string // UUID → reason
-	changed   chan struct{}     // closed and replaced on each health change
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -135,8 +132,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	if err := os.MkdirAll(opts.Dir, 0o750); err != nil {
 		return nil, fmt.Errorf("device plugin: creating %s: %w", opts.Dir, err)
 	}
-	m := &Manager{opts: opts, unhealthy: map[string]string{}, changed: make(chan struct{}),
-		byIndex: map[int]gpu.Device{}, byUUID: map[string]gpu.Device{}}
+	m := &Manager{opts: opts, byIndex: map[int]gpu.Device{}, byUUID: map[string]gpu.Device{}}
 	m.gpus = opts.Ledger.GPUs()
 	for _, g := range m.gpus {
 		m.byIndex[g.Index] = g
@@ -188,9 +184,7 @@ func Start(ctx context.Context, opts Options) (*Manager, error) {
 	// before anything is offered.
 	m.reconcile(m.ctx)
 
-	events := opts.Inventory.Health(m.ctx)
-	m.wg.Add(2)
-	go func() { defer m.wg.Done(); m.watchHealth(m.ctx, events) }()
+	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
 		m.run(m.ctx)
@@ -284,52 +278,6 @@ func (m *Manager) serveAndRegister(ctx context.Context, kubeletSock string) erro
 	m.registered++
 	m.regMu.Unlock()
 	return nil
-}
-
-// watchHealth follows the inventory's health events: an unhealthy GPU makes
-// its device and all its slots Unhealthy, recovery Healthy again.
-func (m *Manager) watchHealth(ctx context.Context, events <-chan gpu.HealthEvent) {
-	logger := klog.FromContext(ctx)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev, ok := <-events:
-			if !ok {
-				return
-			}
-			if _, known := m.byUUID[ev.UUID]; !known {
-				continue
-			}
-			m.healthMu.Lock()
-			_, was := m.unhealthy[ev.UUID]
-			if ev.Healthy {
-				delete(m.unhealthy, ev.UUID)
-			} else {
-				m.unhealthy[ev.UUID] = ev.Reason
-			}
-			changed := was == ev.Healthy
-			if changed {
-				close(m.changed)
-				m.changed = make(chan struct{})
-			}
-			m.healthMu.Unlock()
-			if changed {
-				logger.Info("GPU health changed; updating device-plugin devices", "uuid", ev.UUID, "healthy", ev.Healthy, "reason", ev.Reason)
-			}
-		}
-	}
-}
-
-// health returns the unhealthy GPUs and a channel closed on the next change.
-func (m *Manager) health() (map[string]bool, <-chan struct{}) {
-	m.healthMu.Lock()
-	defer m.healthMu.Unlock()
-	out := make(map[string]bool, len(m.unhealthy))
-	for u := range m.unhealthy {
-		out[u] = true
-	}
-	return out, m.changed
 }
 
 // release frees a pod's ledger entry, if it has one.

@@ -66,14 +66,9 @@ func (p *plugin) devices(unhealthy, held map[string]bool) []*pluginapi.Device {
 func (p *plugin) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingServer[pluginapi.ListAndWatchResponse]) error {
 	var last []*pluginapi.Device
 	for {
-		unhealthy, healthChanged := p.m.health()
-		var held map[string]bool
-		var ledgerChanged <-chan struct{}
-		if p.whole {
-			held, ledgerChanged = p.m.opts.Ledger.HeldForWholeGPUs()
-		}
+		unhealthy, held, changed := p.m.opts.Ledger.DeviceState()
 		devs := p.devices(unhealthy, held)
-		// A ledger change that moves no device's health is not news.
+		// A change that moves no device's health is not news.
 		if last == nil || !sameDevices(last, devs) {
 			if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: devs}); err != nil {
 				return err
@@ -85,8 +80,7 @@ func (p *plugin) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingSer
 			return nil
 		case <-p.m.ctx.Done():
 			return nil
-		case <-healthChanged:
-		case <-ledgerChanged:
+		case <-changed:
 		}
 	}
 }
@@ -140,7 +134,7 @@ func (p *plugin) GetPreferredAllocation(ctx context.Context, req *pluginapi.Pref
 		if ids == nil {
 			// The kubelet may still offer a GPU that a claim took since the
 			// last ListAndWatch update: keep it out when enough are left.
-			held, _ := p.m.opts.Ledger.HeldForWholeGPUs()
+			_, held, _ := p.m.opts.Ledger.DeviceState()
 			avail := slices.DeleteFunc(slices.Clone(cr.AvailableDeviceIDs), func(u string) bool { return held[u] && !slices.Contains(cr.MustIncludeDeviceIDs, u) })
 			if len(avail) < size {
 				avail = cr.AvailableDeviceIDs
@@ -242,7 +236,7 @@ func (p *plugin) allocate(ctx context.Context, deviceIDs []string) (*pluginapi.C
 	} else {
 		// A slot names no GPU, so the kubelet's health check of the slot
 		// does not cover the assigned GPU: check it here.
-		if unhealthy, _ := p.m.health(); unhealthy[assigned[0]] {
+		if unhealthy, _, _ := p.m.opts.Ledger.DeviceState(); unhealthy[assigned[0]] {
 			return nil, reasonGPUUnhealthy, fmt.Errorf("%s: its assigned GPU %d (%s) is unhealthy", who, a.GPUs[0], assigned[0])
 		}
 		req.GPUs = assigned

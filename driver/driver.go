@@ -94,12 +94,14 @@ type Driver struct {
 	// mu guards the checkpoint and what is derived from it.
 	mu   sync.Mutex
 	ckpt *Checkpoint
-	// changed is closed and replaced at each change of the ledger (made on
-	// first use).
-	changed chan struct{}
 
 	healthMu sync.Mutex
 	health   Health
+
+	// changed is closed and replaced at each change of the ledger or of
+	// health (DeviceState).
+	changedMu sync.Mutex
+	changed   chan struct{}
 
 	ready     atomic.Bool
 	published atomic.Bool
@@ -144,7 +146,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	}
 	logger := klog.FromContext(ctx)
 
-	d := &Driver{opts: opts, store: checkpointStore{path: opts.CheckpointPath}, health: Health{}}
+	d := &Driver{opts: opts, store: checkpointStore{path: opts.CheckpointPath}, health: Health{}, changed: make(chan struct{})}
 	var err error
 	if d.bootID, err = ReadBootID(opts.BootIDPath); err != nil {
 		return nil, err
@@ -335,6 +337,7 @@ func (d *Driver) watchHealth(ctx context.Context, events <-chan gpu.HealthEvent)
 			}
 			d.metrics.gpuHealthy.WithLabelValues(DeviceName(g.Index), g.UUID).Set(healthy)
 			logger.Info("GPU health changed", "gpu", DeviceName(g.Index), "uuid", ev.UUID, "healthy", ev.Healthy, "reason", ev.Reason)
+			d.notify()
 			if err := d.publish(ctx); err != nil {
 				logger.Error(err, "Republishing after a health change")
 			}
@@ -441,26 +444,33 @@ func (d *Driver) restore(ctx context.Context) error {
 }
 
 // ledgerChanged follows every change of the ledger: it recomputes the
-// gauges derived from it and wakes those waiting on LedgerHeld's channel.
+// gauges derived from it and wakes those waiting on DeviceState's channel.
 // Callers hold d.mu (or are single-threaded at start).
 func (d *Driver) ledgerChanged() {
 	d.updateMetrics()
-	if d.changed != nil {
-		close(d.changed)
-	}
-	d.changed = make(chan struct{})
+	d.notify()
 }
 
-// HeldForWholeGPUs lists the GPUs (by UUID) that the device plugin must not
-// offer as whole GPUs: those a ResourceClaim or a device-plugin share holds,
-// in any state (a "preparing" entry holds its capacity too). The channel is
-// closed at the next change of the ledger. Without it, the kubelet could pick
-// such a GPU for a pod that another scheduler bound with nvidia.com/gpu, and
-// the ledger would refuse the allocation, failing the pod.
-func (d *Driver) HeldForWholeGPUs() (map[string]bool, <-chan struct{}) {
+// DeviceState is what the device plugin reports of each GPU: the unhealthy
+// ones, and those a ResourceClaim or a device-plugin share holds in any
+// state (a "preparing" entry holds its capacity too), which it must not
+// offer as whole GPUs: otherwise the kubelet could pick one for a pod that
+// another scheduler bound with nvidia.com/gpu, and the ledger would refuse
+// the allocation, failing the pod. The channel is closed at the next change
+// of either; it is taken before the state is read, so no change is missed.
+func (d *Driver) DeviceState() (unhealthy, held map[string]bool, changed <-chan struct{}) {
+	d.changedMu.Lock()
+	changed = d.changed
+	d.changedMu.Unlock()
+	d.healthMu.Lock()
+	unhealthy = make(map[string]bool, len(d.health))
+	for u := range d.health {
+		unhealthy[u] = true
+	}
+	d.healthMu.Unlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	held := map[string]bool{}
+	held = map[string]bool{}
 	for _, h := range d.holders() {
 		for _, dev := range h.devices {
 			if dev.AdminAccess || (h.devicePlugin && dev.Strategy == string(v1alpha1.Exclusive)) {
@@ -469,10 +479,15 @@ func (d *Driver) HeldForWholeGPUs() (map[string]bool, <-chan struct{}) {
 			held[dev.GPUUUID] = true
 		}
 	}
-	if d.changed == nil {
-		d.changed = make(chan struct{})
-	}
-	return held, d.changed
+	return unhealthy, held, changed
+}
+
+// notify closes and replaces the DeviceState channel.
+func (d *Driver) notify() {
+	d.changedMu.Lock()
+	close(d.changed)
+	d.changed = make(chan struct{})
+	d.changedMu.Unlock()
 }
 
 // updateMetrics recomputes the gauges derived from the checkpoint. Callers

@@ -44,6 +44,7 @@ func newUnitDriver(t *testing.T, profile string) (*Driver, string) {
 		devices: map[string]gpu.Device{},
 		byUUID:  map[string]gpu.Device{},
 		sorted:  devs,
+		changed: make(chan struct{}),
 	}
 	d.metrics = newMetrics(nil, func() float64 { return 0 })
 	for _, g := range devs {
