@@ -201,7 +201,7 @@ func setup(t *testing.T) *cluster {
 	})
 	c.startController(t, filepath.Join(bins, "tessera-controller"))
 	c.waitSlices(t)
-	c.waitAllocatable(t)
+	c.waitAllocatable(t, gpuCount)
 	return c
 }
 
@@ -366,11 +366,12 @@ func (c *cluster) waitSlices(t *testing.T) {
 	}
 }
 
-// waitAllocatable waits for the kubelet to report the device plugin's
-// resources: every GPU whole, and the default number of slots per GPU.
-func (c *cluster) waitAllocatable(t *testing.T) {
+// waitAllocatable waits for the kubelet to report gpus whole GPUs and the
+// default number of share slots per GPU in the node's allocatable: the
+// device plugin's resources.
+func (c *cluster) waitAllocatable(t *testing.T, gpus int64) {
 	t.Helper()
-	want := map[corev1.ResourceName]int64{assignment.DefaultResourceGPU: gpuCount, assignment.ResourceShare: gpuCount * deviceplugin.DefaultShareSlots}
+	want := map[corev1.ResourceName]int64{assignment.DefaultResourceGPU: gpus, assignment.ResourceShare: gpuCount * deviceplugin.DefaultShareSlots}
 	deadline := time.Now().Add(time.Minute)
 	for {
 		n, err := c.client.CoreV1().Nodes().Get(context.Background(), c.node.Name, metav1.GetOptions{})

@@ -25,7 +25,8 @@ import (
 // one-GPU pod gets the GPU the kubelet picked. Deleting the pods releases the
 // ledger. For both schedulers, a claim for a GPU that dp-whole holds waits
 // (tessera-node taints the GPUs the device plugin holds, and tessera knows
-// the assignment), and runs once dp-whole is gone.
+// the assignment), and runs once dp-whole is gone; a GPU a claim or a share
+// holds is not in the kubelet's allocatable of nvidia.com/gpu.
 func TestDevicePlugin(t *testing.T) { setup(t).each(t, testDevicePlugin) }
 
 func testDevicePlugin(t *testing.T, c *cluster) {
@@ -86,6 +87,27 @@ func testDevicePlugin(t *testing.T, c *cluster) {
 		c.checkBinds(t, len(names))
 	}
 
+	// A GPU a claim or a share holds leaves the kubelet's allocatable of
+	// whole GPUs (the device plugin reports it Unhealthy): a whole claim on
+	// a free GPU, and with tessera-scheduler the GPU the halves share.
+	used := map[string]bool{}
+	for _, u := range got {
+		used[u] = true
+	}
+	held := int64(1)
+	if c.tessera() {
+		used[uuids[deviceName(c.assignmentOf(t, "dp-half-a").GPUs[0])]] = true
+		held++
+	}
+	free := 0
+	for used[uuids[deviceName(free)]] {
+		free++
+	}
+	c.claim(t, "dp-claimed", deviceclasses.Exclusive, free, "")
+	c.create(t, c.gpuPod(t, "dp-claimed", "dp-claimed"))
+	c.waitRunning(t, "dp-claimed")
+	c.waitAllocatable(t, gpuCount-held)
+
 	// A claim for one of dp-whole's GPUs waits while dp-whole holds it.
 	clashUUID := got[0]
 	clashIndex := -1
@@ -101,7 +123,7 @@ func testDevicePlugin(t *testing.T, c *cluster) {
 	if held := c.agent.metric(t, "tessera_node_deviceplugin_pods", ""); held != float64(len(names)) {
 		t.Errorf("tessera-node's ledger holds %v device-plugin pods, want %d", held, len(names))
 	}
-	for _, name := range names {
+	for _, name := range append(names, "dp-claimed") {
 		c.deletePod(t, name)
 	}
 	deadline := time.Now().Add(30 * time.Second)
@@ -116,8 +138,10 @@ func testDevicePlugin(t *testing.T, c *cluster) {
 	if _, u := c.allocatedUUID(t, "dp-clash"); u != clashUUID {
 		t.Errorf("dp-clash got GPU %s, want %s (its selector's)", u, clashUUID)
 	}
+	// The released GPUs are back in the allocatable, less dp-clash's.
+	c.waitAllocatable(t, gpuCount-1)
 	if c.tessera() {
-		c.checkBinds(t, len(names)+1)
+		c.checkBinds(t, len(names)+2) // and dp-claimed, dp-clash
 	}
 }
 
