@@ -343,6 +343,18 @@ func nodes(ctx context.Context, c Clients, out io.Writer) error {
 	return tw.Flush()
 }
 
+// describeAssignment says in words what a device-plugin pod was given.
+func describeAssignment(a assignment.Assignment) string {
+	gpus := make([]string, len(a.GPUs))
+	for i, g := range a.GPUs {
+		gpus[i] = "gpu-" + strconv.Itoa(g)
+	}
+	if !a.IsShare() {
+		return "whole " + strings.Join(gpus, ", ")
+	}
+	return fmt.Sprintf("%s of %s (%.1f%% compute), %s", resource.NewQuantity(a.MemoryBytes, resource.BinarySI), gpus[0], float64(a.ComputeMilli)/10, a.Sharing)
+}
+
 func dash(s string) string {
 	if s == "" {
 		return "-"
@@ -369,6 +381,11 @@ func why(ctx context.Context, c Clients, name string, out io.Writer) error {
 		fmt.Fprintf(out, "Not scheduled by Tessera: schedulerName is %q, not %q.\n", pod.Spec.SchedulerName, kube.SchedulerName)
 	case pod.Spec.NodeName != "":
 		fmt.Fprintf(out, "Scheduled to node %s; phase %s.\n", pod.Spec.NodeName, pod.Status.Phase)
+		if a, ok, err := assignment.Of(pod.Annotations); err != nil {
+			fmt.Fprintf(out, "Device plugin: %v\n", err)
+		} else if ok {
+			fmt.Fprintf(out, "Device plugin: %s\n", describeAssignment(a))
+		}
 	default:
 		reason := "no decision yet (is tessera-controller running and leading?)"
 		for _, cond := range pod.Status.Conditions {

@@ -104,6 +104,9 @@ func TestKubectlPlugin(t *testing.T) {
 	if got := run("why", "trainer"); !strings.Contains(got, "Scheduled to node gpu-a") {
 		t.Errorf("why trainer:\n%s", got)
 	}
+	if got := run("why", "dp-half"); !strings.Contains(got, "Device plugin: 12Gi of gpu-0 (50.0% compute), MPS") {
+		t.Errorf("why dp-half:\n%s", got)
+	}
 	var out bytes.Buffer
 	if err := ctl.Run(e.ctx, c, []string{"frobnicate"}, &out); err == nil || !strings.Contains(err.Error(), `unknown command "frobnicate"`) {
 		t.Errorf("unknown command: %v", err)
