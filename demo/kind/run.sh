@@ -71,6 +71,12 @@ examples() {
 	sleep 5
 	placements
 	"${kctl[@]}" get events -A --field-selector reason=Evicted 2>/dev/null || true
+
+	log "act 3: a 20Gi share through the device plugin (no claim)"
+	"${kctl[@]}" apply -f "$root/demo/examples/20-team-b-share.yaml"
+	"${kctl[@]}" -n team-b wait --for=condition=Ready pod/embed --timeout=120s || true
+	"${kctl[@]}" -n team-b get pod embed -o jsonpath='{.metadata.annotations.tessera\.dev/gpu-assignment}{"\n"}'
+	"${kctl[@]}" -n team-b logs embed || true
 }
 
 down() { kind delete cluster --name "$cluster"; }

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"text/tabwriter"
@@ -37,6 +38,8 @@ import (
 	"github.com/tessera-gpu/tessera/cmd/kubectl-tessera/ctl"
 	"github.com/tessera-gpu/tessera/demo/examples"
 	"github.com/tessera-gpu/tessera/deploy/rbac"
+	"github.com/tessera-gpu/tessera/deviceplugin"
+	"github.com/tessera-gpu/tessera/internal/assignment"
 	"github.com/tessera-gpu/tessera/internal/childproc"
 	"github.com/tessera-gpu/tessera/test/controlplane"
 	"github.com/tessera-gpu/tessera/test/framework"
@@ -69,8 +72,8 @@ var DefaultNodes = []Node{
 
 // Result is what the demo saw, for its test.
 type Result struct {
-	// Act1 and Act2 map "namespace/pod" to its placement after each act.
-	Act1, Act2 map[string]Placement
+	// Act1, Act2 and Act3 map "namespace/pod" to its placement after each act.
+	Act1, Act2, Act3 map[string]Placement
 	// Evicted are the pods that act 2's reclaim removed.
 	Evicted []string
 	// Allocated1 and Allocated2 are each Queue's allocated GPUs (status)
@@ -179,7 +182,7 @@ func (d *demo) run(ctx context.Context) (*Result, error) {
 	}
 
 	d.say("\n════ Act 2: team-b arrives and wants its quota back ════")
-	if err := d.apply(ctx, func(name string) bool { return name >= "10" }); err != nil {
+	if err := d.apply(ctx, func(name string) bool { return name >= "10" && name < "20" }); err != nil {
 		return nil, err
 	}
 	d.logf("waiting for the reclaim: team-b's gang bound")
@@ -199,6 +202,18 @@ func (d *demo) run(ctx context.Context) (*Result, error) {
 		}
 	}
 	if res.Allocated2, err = d.story(ctx, res.Act2); err != nil {
+		return nil, err
+	}
+
+	d.say("\n════ Act 3: team-b adds a 20Gi share through the device plugin, no claim ════")
+	if err := d.apply(ctx, func(name string) bool { return name >= "20" }); err != nil {
+		return nil, err
+	}
+	d.logf("waiting for the device-plugin pod team-b/embed")
+	if res.Act3, err = d.settle(ctx, []string{"team-b/embed"}); err != nil {
+		return nil, err
+	}
+	if _, err = d.story(ctx, res.Act3); err != nil {
 		return nil, err
 	}
 	return res, nil
@@ -275,6 +290,10 @@ func (d *demo) startNodes(ctx context.Context) error {
 				ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{"nvidia.com/gpu.present": "true"}},
 				Status: corev1.NodeStatus{Capacity: corev1.ResourceList{
 					corev1.ResourceCPU: resource.MustParse("96"), corev1.ResourceMemory: resource.MustParse("1Ti"), corev1.ResourcePods: resource.MustParse("110"),
+					// What tessera-node's device plugin would make a kubelet
+					// report (kwok has none; nothing is allocated on the node).
+					assignment.DefaultResourceGPU: *resource.NewQuantity(int64(profileGPUs(n.Profile)), resource.DecimalSI),
+					assignment.ResourceShare:      *resource.NewQuantity(int64(profileGPUs(n.Profile)*deviceplugin.DefaultShareSlots), resource.DecimalSI),
 				}},
 			})
 		})
@@ -542,9 +561,23 @@ func (d *demo) placements(ctx context.Context) (map[string]Placement, error) {
 	return out, nil
 }
 
-// devices lists the GPUs a bound pod's claims were allocated.
+// devices lists the GPUs a bound pod's claims were allocated, or its
+// device-plugin assignment gives it.
 func (d *demo) devices(ctx context.Context, pod *corev1.Pod) ([]string, error) {
 	var names []string
+	if a, ok, err := assignment.Of(pod.Annotations); err != nil {
+		return nil, err
+	} else if ok {
+		for _, g := range a.GPUs {
+			s := "gpu-" + strconv.Itoa(g)
+			if a.IsShare() {
+				s += " (" + resource.NewQuantity(a.MemoryBytes, resource.BinarySI).String() + " " + strings.ToUpper(a.Sharing) + ", device plugin)"
+			} else {
+				s += " (device plugin)"
+			}
+			names = append(names, s)
+		}
+	}
 	for _, rc := range pod.Spec.ResourceClaims {
 		name := ""
 		if rc.ResourceClaimName != nil {

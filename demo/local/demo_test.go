@@ -14,7 +14,8 @@ import (
 
 // TestDemo runs the local demo's whole flow and checks its story: act 1
 // places everything but the pod of an unknown queue, act 2's reclaim binds
-// team-b's gang by evicting only borrowed (preemptible, over-quota) pods.
+// team-b's gang by evicting only borrowed (preemptible, over-quota) pods,
+// act 3's device-plugin pod shares an MPS GPU with claims.
 func TestDemo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a real control plane, kwok nodes, tessera-node and tessera-controller; skipped with -short")
@@ -81,5 +82,26 @@ func TestDemo(t *testing.T) {
 	}
 	if a := res.Allocated2["team-a"]; a.Cmp(eight) < 0 {
 		t.Errorf("act 2: team-a allocated %s GPUs, below its quota of 8", a.String())
+	}
+
+	// Act 3: the device-plugin pod takes 20Gi of MPS room on a GPU that a
+	// chat pod's claim shares (claims and an assignment on one GPU): the
+	// cluster has no other room. Nobody moves.
+	embed := res.Act3["team-b/embed"]
+	shared := false
+	for _, pod := range []string{"team-a/chat-0", "team-a/chat-1", "team-a/chat-2"} {
+		chat := res.Act3[pod]
+		if len(embed.Devices) == 1 && len(chat.Devices) == 1 && embed.Node == chat.Node &&
+			embed.Devices[0] == strings.Split(chat.Devices[0], " ")[0]+" (20Gi MPS, device plugin)" {
+			shared = true
+		}
+	}
+	if !shared {
+		t.Errorf("act 3: team-b/embed %+v, want 20Gi MPS on a GPU a chat pod's claim shares; act 3: %+v", embed, res.Act3)
+	}
+	for pod, p := range res.Act2 {
+		if q := res.Act3[pod]; q.Node != p.Node || strings.Join(q.Devices, ",") != strings.Join(p.Devices, ",") {
+			t.Errorf("act 3 moved %s: %+v, was %+v", pod, q, p)
+		}
 	}
 }
