@@ -613,14 +613,19 @@ func (s *Scheduler) addUnattributedClaims(idx *cycleIndex, attributed map[types.
 		if len(pl.GPUs) == 0 {
 			continue
 		}
-		key := "<claim>/" + c.Namespace + "/" + c.Name
-		cp := core.Pod{Name: key, Phase: core.PodBound, Placement: pl, Pinned: true}
-		holdPlacement(&cp)
-		name := "<external>/" + key
-		jobs[name] = &core.Job{Name: name, Queue: externalQueue, Priority: 1 << 30, CreatedAt: c.CreationTimestamp.Time, Pods: []core.Pod{cp}}
-		*jobOrder = append(*jobOrder, name)
-		idx.jobs[name] = &jobRef{pods: []string{key}}
+		addExternalHolder(idx, jobs, jobOrder, "<claim>/"+c.Namespace+"/"+c.Name, pl, c.CreationTimestamp.Time)
 	}
+}
+
+// addExternalHolder adds a bound, pinned pod named key of the external
+// queue, holding pl: capacity that something Tessera does not schedule holds.
+func addExternalHolder(idx *cycleIndex, jobs map[string]*core.Job, jobOrder *[]string, key string, pl core.Placement, created time.Time) {
+	cp := core.Pod{Name: key, Phase: core.PodBound, Placement: pl, Pinned: true}
+	holdPlacement(&cp)
+	name := "<external>/" + key
+	jobs[name] = &core.Job{Name: name, Queue: externalQueue, Priority: 1 << 30, CreatedAt: created, Pods: []core.Pod{cp}}
+	*jobOrder = append(*jobOrder, name)
+	idx.jobs[name] = &jobRef{pods: []string{key}}
 }
 
 // addDevicePluginHeld adds, for each node whose slice taints GPUs as held by
@@ -655,13 +660,7 @@ func addDevicePluginHeld(idx *cycleIndex, assigned map[string]map[int]bool, jobs
 		if len(pl.GPUs) == 0 {
 			continue
 		}
-		key := "<device-plugin>/" + node
-		cp := core.Pod{Name: key, Phase: core.PodBound, Placement: pl, Pinned: true}
-		holdPlacement(&cp)
-		name := "<external>/" + key
-		jobs[name] = &core.Job{Name: name, Queue: externalQueue, Priority: 1 << 30, Pods: []core.Pod{cp}}
-		*jobOrder = append(*jobOrder, name)
-		idx.jobs[name] = &jobRef{pods: []string{key}}
+		addExternalHolder(idx, jobs, jobOrder, "<device-plugin>/"+node, pl, time.Time{})
 	}
 }
 
