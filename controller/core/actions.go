@@ -123,6 +123,27 @@ func (s *session) findPlace(p *podState) (*plan, string) {
 	return nil, why
 }
 
+// alternatives places p, for allocate, with the first of its alternatives
+// (Pod.Alternatives) that passes the job's gates and fits a node, each
+// tried on every node before the next; why is why its own request did
+// not. The plan says which alternative it is for; the pod is left at its
+// own request. Without a plan, the reason is each request's, in order.
+func (s *session) alternatives(j *jobState, p *podState, why string) (*plan, string) {
+	for k := 1; k < len(p.alts); k++ {
+		s.setAlt(p, k)
+		pl, w := (*plan)(nil), s.gates(j, p.res, true)
+		if w == "" {
+			pl, w = s.findPlace(p)
+		}
+		s.setAlt(p, 0)
+		if pl != nil {
+			return pl, ""
+		}
+		why += fmt.Sprintf("; else (alternative %d) %s", k, w)
+	}
+	return nil, why
+}
+
 func setReason(ps []*podState, why string) {
 	for _, p := range ps {
 		p.reason = why
@@ -192,12 +213,18 @@ func (s *session) allocate() {
 		firstWhy, gated := "", false
 		for _, p := range c {
 			if why := s.gates(j, p.res, true); why != "" {
-				if firstWhy == "" {
+				if pl, why := s.alternatives(j, p, why); pl != nil {
+					s.attach(p, pl, ActionAllocate, "")
+					return true
+				} else if firstWhy == "" {
 					firstWhy, gated = why, true
 				}
 				continue
 			}
 			pl, why := s.findPlace(p)
+			if pl == nil {
+				pl, why = s.alternatives(j, p, why)
+			}
 			if pl == nil {
 				if firstWhy == "" {
 					firstWhy = why
@@ -302,6 +329,15 @@ func (s *session) allocateJob(j *jobState, a Action) bool {
 	reason, gated := "", true
 	for i, set := range l.list() {
 		why := s.gates(j, sumRes(set), true)
+		if why != "" && hasAlternatives(set) {
+			// An alternative may pass where the pods' own requests do not
+			// (each pod of a gang is checked as it is added).
+			if ok, w := s.placeSetGated(j, set, a, why); ok {
+				return true
+			} else if i == 0 {
+				why = w
+			}
+		}
 		if why == "" {
 			gated = false
 			var ok bool
@@ -335,6 +371,11 @@ func (s *session) allocateJob(j *jobState, a Action) bool {
 	return false
 }
 
+// hasAlternatives says whether a pod of set has Pod.Alternatives.
+func hasAlternatives(set []*podState) bool {
+	return slices.ContainsFunc(set, func(p *podState) bool { return p.alts != nil })
+}
+
 // placeSet places set on free capacity, all or nothing, or says why not.
 // The caller checked the set's gates; each pod of a gang is checked again
 // as it is added, on the queue's live allocation: the set's check priced a
@@ -343,16 +384,27 @@ func (s *session) allocateJob(j *jobState, a Action) bool {
 // pods after it must see. (Its own real share is checked where it is
 // placed: milliRoom.)
 func (s *session) placeSet(j *jobState, set []*podState, a Action) (bool, string) {
+	return s.placeSetGated(j, set, a, "")
+}
+
+// placeSetGated is placeSet where setWhy, when not "", says why the set's
+// own requests did not pass the gates: a pod alone then tries only its
+// alternatives, each checked against the gates (a gang's pods are checked
+// one by one anyway).
+func (s *session) placeSetGated(j *jobState, set []*podState, a Action, setWhy string) (bool, string) {
 	n := len(set)
 	cp := s.checkpoint()
 	placed, firstWhy := 0, ""
 	for _, p := range set {
-		pl, why := (*plan)(nil), ""
+		pl, why := (*plan)(nil), setWhy
 		if n > 1 {
 			why = s.gates(j, p.res, true)
 		}
 		if why == "" {
 			pl, why = s.findPlace(p)
+		}
+		if pl == nil {
+			pl, why = s.alternatives(j, p, why)
 		}
 		if pl == nil {
 			if firstWhy == "" {

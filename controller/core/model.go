@@ -230,6 +230,19 @@ type Placement struct {
 	GPUMemory []int64
 	// Sharing is the mode the pod uses its GPUs in ("" for whole GPUs).
 	Sharing Sharing
+	// Alternative says which of the pod's requests the placement holds: 0
+	// for Pod.Request, i for Pod.Alternatives[i-1]. On input for placed
+	// pods; on output in binds and moves.
+	Alternative int
+}
+
+// Alternative is one of Pod.Alternatives.
+type Alternative struct {
+	// Request's GPU fields replace the pod's (see Pod.Alternatives).
+	Request Request
+	// Feasible, when not nil, replaces Pod.Feasible while this alternative
+	// is tried (a DRA subrequest has device selectors of its own).
+	Feasible func(node string, gpu int) bool
 }
 
 // Pod is one pod of a job. Pod names are unique across the snapshot (the
@@ -277,6 +290,18 @@ type Pod struct {
 	// preferred terms their weight, and their required affinity terms a
 	// weight of 1; the adapter says which.
 	Attracts []PreferredTerm
+	// Alternatives are GPU requests the pod takes instead of Request's
+	// when Request's fits no node (Kubernetes' DRA prioritized list,
+	// firstAvailable), in order: allocate tries Request on every node, then
+	// each alternative on every node in turn, and places the pod with the
+	// first that fits (a node where an earlier one fits always wins over a
+	// node where only a later one does). Only an alternative's GPU fields
+	// are read (GPUs, GPUMilli, GPUMemory, Sharing, NVLink): CPU, memory and
+	// Other are Request's. Request alone counts for fair-share demand, job
+	// order and a queue's pending; consolidate, reclaim and preempt plan
+	// for Request only. The alternative a placement holds is
+	// Placement.Alternative.
+	Alternatives []Alternative
 	// Pinned pods are never moved by consolidation (a move evicts the pod
 	// and counts on its controller to recreate it; a bare pod would be
 	// lost). They may still be reclaimed or preempted.

@@ -13,6 +13,9 @@ type plan struct {
 	milli   []int64
 	mem     []int64
 	sharing Sharing
+	// alt is the pod's request the plan is for (podState.alt when it was
+	// made): attach switches the pod to it.
+	alt int
 	// brokeWhole is set when a fraction starts a GPU nobody used.
 	brokeWhole bool
 	// frag is the refiner's tie-breaking score, once refined is set.
@@ -291,7 +294,7 @@ func fitOnNode(p *podState, n *nodeState) (pl *plan, why failKind, nvBest int) {
 	case r.IsFraction():
 		return fractionFit(p, n)
 	}
-	return &plan{node: n}, fitOK, 0
+	return &plan{node: n, alt: p.alt}, fitOK, 0
 }
 
 // wholeFit picks k free GPUs, keeping NVLink domains whole: the smallest
@@ -328,7 +331,7 @@ func wholeFit(p *podState, n *nodeState) (*plan, failKind, int) {
 			best = i
 		}
 	}
-	pl := &plan{node: n}
+	pl := &plan{node: n, alt: p.alt}
 	switch {
 	case best >= 0:
 		pl.gpus = slices.Clone(doms[best].free[:k])
@@ -416,7 +419,7 @@ func fractionFit(p *podState, n *nodeState) (*plan, failKind, int) {
 		return nil, failFraction, 0
 	}
 	milli, mem := fractionOn(r, &n.gpus[pick])
-	return &plan{node: n, gpus: []int{pick}, milli: []int64{milli}, mem: []int64{mem}, sharing: r.Sharing, brokeWhole: broke}, fitOK, 0
+	return &plan{node: n, gpus: []int{pick}, milli: []int64{milli}, mem: []int64{mem}, sharing: r.Sharing, alt: p.alt, brokeWhole: broke}, fitOK, 0
 }
 
 // modeBlocks says whether some GPU p may use would hold it but for the

@@ -125,7 +125,7 @@ func (s *session) result(res *Result) {
 
 // export writes a pod's live placement in the API's terms.
 func (s *session) export(p *podState) Placement {
-	pl := Placement{Node: p.node.name, Sharing: p.sharing}
+	pl := Placement{Node: p.node.name, Sharing: p.sharing, Alternative: p.alt}
 	for i, gi := range p.gpus {
 		pl.GPUs = append(pl.GPUs, p.node.gpus[gi].index)
 		pl.GPUMilli = append(pl.GPUMilli, p.gpuMilli[i])

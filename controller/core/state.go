@@ -131,6 +131,14 @@ type podState struct {
 	// milliCap, when set, keeps a memory fraction to GPUs where it takes
 	// at most this much (reclaim prices it per GPU size: reclaimSet).
 	milliCap int64
+	// alts are the pod's requests in order of preference (Pod.Request,
+	// then Pod.Alternatives), validated, with their feasibility hooks and
+	// shapes; nil when it has no alternatives. alt is the one in use: req,
+	// feasible and shape are alts[alt]'s (setAlt).
+	alts        []Request
+	altFeasible []func(node string, gpu int) bool
+	altShapes   []string
+	alt         int
 	// held marks a stand-in that keeps an evicted pod's unused capacity
 	// taken until the end of the cycle (session.holdFreed); it belongs to
 	// no queue and makes no decision.
@@ -188,9 +196,11 @@ type op struct {
 	res      Resources
 	// prev is the pod's res before an attach: what it counts while pending
 	// (a memory fraction's share of the largest GPU), given back on rollback.
-	prev   Resources
-	action Action
-	reason string
+	prev Resources
+	// prevAlt is the pod's alternative before an attach (setAlt).
+	prevAlt int
+	action  Action
+	reason  string
 }
 
 // session is the state of one cycle: live usage plus a log of operations
@@ -305,6 +315,9 @@ func (s *session) rollback(cp int) {
 		o := &s.log[i]
 		if o.attach {
 			s.unplace(o.pod)
+			if o.pod.alt != o.prevAlt {
+				s.setAlt(o.pod, o.prevAlt)
+			}
 			o.pod.res = o.prev
 		} else {
 			s.place(o.pod, o.node, o.gpus, o.gpuMilli, o.gpuMem, o.sharing, o.res)
@@ -315,13 +328,17 @@ func (s *session) rollback(cp int) {
 
 // attach places a pod and logs it.
 func (s *session) attach(p *podState, pl *plan, a Action, reason string) {
-	prev, res := p.res, p.res
+	prev, prevAlt := p.res, p.alt
+	if pl.alt != p.alt {
+		s.setAlt(p, pl.alt) // the alternative allocate chose
+	}
+	res := p.res
 	res[ResGPU] = 0
 	for _, m := range pl.milli {
 		res[ResGPU] += m
 	}
 	s.place(p, pl.node, pl.gpus, pl.milli, pl.mem, pl.sharing, res)
-	s.log = append(s.log, op{attach: true, pod: p, node: pl.node, gpus: pl.gpus, gpuMilli: pl.milli, gpuMem: pl.mem, sharing: pl.sharing, res: res, prev: prev, action: a, reason: reason})
+	s.log = append(s.log, op{attach: true, pod: p, node: pl.node, gpus: pl.gpus, gpuMilli: pl.milli, gpuMem: pl.mem, sharing: pl.sharing, res: res, prev: prev, prevAlt: prevAlt, action: a, reason: reason})
 }
 
 // detach evicts a placed pod and logs it.
@@ -634,8 +651,8 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 	return s, nil
 }
 
-func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
-	r := p.Request
+// normRequest validates a request's GPU fields and fills their defaults.
+func normRequest(r Request) (Request, error) {
 	n := 0
 	if r.GPUs > 0 {
 		n++
@@ -647,23 +664,31 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 		n++
 	}
 	if n > 1 || r.GPUs < 0 || r.GPUMilli < 0 || r.GPUMemory < 0 || r.CPU < 0 || r.Memory < 0 {
-		return nil, fmt.Errorf("request: set one of GPUs, GPUMilli, GPUMemory, none negative")
+		return r, fmt.Errorf("request: set one of GPUs, GPUMilli, GPUMemory, none negative")
 	}
 	if r.GPUMilli >= 1000 {
-		return nil, fmt.Errorf("request: GPUMilli %d must be below 1000 (use GPUs for whole GPUs)", r.GPUMilli)
+		return r, fmt.Errorf("request: GPUMilli %d must be below 1000 (use GPUs for whole GPUs)", r.GPUMilli)
 	}
 	if r.IsFraction() {
 		if r.Sharing == "" {
 			r.Sharing = SharingMPS
 		}
 		if r.Sharing != SharingMPS && r.Sharing != SharingTimeSlice {
-			return nil, fmt.Errorf("request: unknown sharing mode %q (mps or timeslice)", r.Sharing)
+			return r, fmt.Errorf("request: unknown sharing mode %q (mps or timeslice)", r.Sharing)
 		}
 	} else {
 		r.Sharing = ""
 	}
 	if r.NVLink == "" {
 		r.NVLink = NVLinkPreferred
+	}
+	return r, nil
+}
+
+func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
+	r, err := normRequest(p.Request)
+	if err != nil {
+		return nil, err
 	}
 	ps := &podState{name: p.Name, job: j, req: r, selector: p.NodeSelector, models: p.GPUModels, feasible: p.Feasible, pinned: p.Pinned, phase: p.Phase, rank: -1, lastOp: -1}
 	for _, terms := range []struct {
@@ -712,20 +737,39 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 		}
 	}
 	ps.res[ResCPU], ps.res[ResMemory] = r.CPU, r.Memory
-	switch {
-	case r.GPUs > 0:
-		ps.res[ResGPU] = int64(r.GPUs) * 1000
-	case r.GPUMilli > 0:
-		ps.res[ResGPU] = r.GPUMilli
-	case r.GPUMemory > 0:
-		// While pending, a memory fraction counts as its share of the
-		// largest GPU: the least it can be.
-		ps.res[ResGPU] = 1
-		if s.maxGPUMem > 0 {
-			ps.res[ResGPU] = memMilli(r.GPUMemory, s.maxGPUMem)
-		}
-	}
+	ps.res[ResGPU] = s.pendingGPU(&r)
 	ps.shape = shapeKey(ps)
+	if len(p.Alternatives) > 0 {
+		ps.alts = []Request{r}
+		ps.altFeasible = []func(string, int) bool{p.Feasible}
+		ps.altShapes = []string{ps.shape}
+		for i, a := range p.Alternatives {
+			ar := a.Request
+			ar.CPU, ar.Memory, ar.Other = r.CPU, r.Memory, r.Other
+			ar, err := normRequest(ar)
+			if err != nil {
+				return nil, fmt.Errorf("alternative %d: %w", i+1, err)
+			}
+			f := a.Feasible
+			if f == nil {
+				f = p.Feasible
+			}
+			ps.alts = append(ps.alts, ar)
+			ps.altFeasible = append(ps.altFeasible, f)
+			ps.req, ps.feasible, ps.alt = ar, f, i+1
+			ps.altShapes = append(ps.altShapes, shapeKey(ps))
+		}
+		ps.req, ps.feasible, ps.alt = r, p.Feasible, 0
+		if k := p.Placement.Alternative; k != 0 && p.Phase != PodPending && p.Phase != "" {
+			if k < 0 || k > len(p.Alternatives) {
+				return nil, fmt.Errorf("placement: alternative %d, but the pod has %d", k, len(p.Alternatives))
+			}
+			s.setAlt(ps, k)
+			ps.res[ResGPU] = s.pendingGPU(&ps.req)
+		}
+	} else if p.Placement.Alternative != 0 && p.Phase != PodPending && p.Phase != "" {
+		return nil, fmt.Errorf("placement: alternative %d, but the pod has none", p.Placement.Alternative)
+	}
 	switch p.Phase {
 	case PodPending, "":
 		ps.phase = PodPending
@@ -761,6 +805,33 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 		return nil, fmt.Errorf("unknown phase %q", p.Phase)
 	}
 	return ps, nil
+}
+
+// pendingGPU is what a pending pod asking r counts on GPUs, in milli.
+func (s *session) pendingGPU(r *Request) int64 {
+	switch {
+	case r.GPUs > 0:
+		return int64(r.GPUs) * 1000
+	case r.GPUMilli > 0:
+		return r.GPUMilli
+	case r.GPUMemory > 0:
+		// While pending, a memory fraction counts as its share of the
+		// largest GPU: the least it can be.
+		if s.maxGPUMem > 0 {
+			return memMilli(r.GPUMemory, s.maxGPUMem)
+		}
+		return 1
+	}
+	return 0
+}
+
+// setAlt makes the pod's k-th request (0: Pod.Request) the one in use. A
+// pending pod's res follows it; a placed pod's is set by place.
+func (s *session) setAlt(p *podState, k int) {
+	p.alt, p.req, p.feasible, p.shape = k, p.alts[k], p.altFeasible[k], p.altShapes[k]
+	if p.node == nil {
+		p.res[ResGPU] = s.pendingGPU(&p.req)
+	}
 }
 
 // nodeShape numbers the node's capacity and GPUs (model, memory, NVLink
@@ -851,6 +922,10 @@ func shapeKey(p *podState) string {
 	if p.feasible != nil {
 		// The hook is the pod's own: it shares a fit with no other pod.
 		b.WriteString("|feasible:" + p.name)
+		if p.alt > 0 {
+			// An alternative may have a hook of its own.
+			fmt.Fprintf(&b, "/%d", p.alt)
+		}
 	}
 	return b.String()
 }
