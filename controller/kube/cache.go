@@ -73,6 +73,9 @@ type podRef struct {
 	// is its request.
 	dp  bool
 	req core.Request
+	// choices name the firstAvailable subrequest of each of the core's
+	// requests for the pod (podGPURequest); nil without one.
+	choices []subrequestChoice
 }
 
 type jobRef struct {
@@ -97,6 +100,8 @@ type podEntry struct {
 	claimRVs string
 	claims   []*resourceapi.ResourceClaim
 	req      core.Request
+	alts     []core.Request
+	choices  []subrequestChoice
 	err      error
 	tessera  bool
 	// dp: the pod asks for GPUs through the device plugin (assign.go).
@@ -116,7 +121,7 @@ func (s *Scheduler) translatePod(pod *v1.Pod) *podEntry {
 	e := &podEntry{podRV: pod.ResourceVersion, claimRVs: rvs.String(), claims: claims, err: err}
 	if err == nil {
 		gr, gerr := podGPURequest(claims, s.getClass)
-		e.req, e.err, e.tessera = gr.req, gerr, gr.tessera
+		e.req, e.err, e.tessera, e.alts, e.choices = gr.req, gerr, gr.tessera, gr.alts, gr.choices
 		e.req.CPU, e.req.Memory, e.req.Other = podResources(pod)
 		if e.err == nil {
 			// The device-plugin path: extended resources and the fraction
@@ -301,7 +306,7 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 			}
 		}
 		if ours {
-			f, err := s.feasibility(pod, e.claims, idx)
+			f, err := s.feasibility(pod, e.claims, idx, "")
 			switch {
 			case err != nil && !bound:
 				idx.problems = append(idx.problems, core.PendingPod{Pod: key, Reason: err.Error()})
@@ -309,6 +314,13 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 				continue
 			case err == nil:
 				cp.Feasible = f
+			}
+			if !bound && e.choices != nil {
+				if cp.Alternatives, err = s.alternatives(pod, e, idx); err != nil {
+					idx.problems = append(idx.problems, core.PendingPod{Pod: key, Reason: err.Error()})
+					idx.pods[key] = &podRef{pod: pod}
+					continue
+				}
 			}
 			cp.NodeScore = nodePreference(pod, idx)
 			// Consolidation moves a pod by evicting it; only a pod that a
@@ -374,7 +386,7 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 		}
 		jobs[jobName].Pods = append(jobs[jobName].Pods, cp)
 		idx.jobs[jobName].pods = append(idx.jobs[jobName].pods, key)
-		idx.pods[key] = &podRef{pod: pod, claims: e.claims, job: jobName, dp: e.dp, req: e.req}
+		idx.pods[key] = &podRef{pod: pod, claims: e.claims, job: jobName, dp: e.dp, req: e.req, choices: e.choices}
 	}
 	for uid := range s.podCache {
 		if !seen[uid] {
@@ -403,6 +415,27 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 		snap.Jobs = append(snap.Jobs, *j)
 	}
 	return snap, idx, nil
+}
+
+// alternatives are the core's Pod.Alternatives of a pod whose claims ask
+// for GPUs with a prioritized list: each subrequest after the first, with
+// the feasibility check of its own selectors.
+func (s *Scheduler) alternatives(pod *v1.Pod, e *podEntry, idx *cycleIndex) ([]core.Alternative, error) {
+	var out []core.Alternative
+	for i, r := range e.alts {
+		ch := e.choices[i+1]
+		f, err := s.feasibility(pod, e.claims, idx, ch.subrequest)
+		if err != nil {
+			return nil, fmt.Errorf("claim %s request %q subrequest %q: %w", ch.claim, ch.request, ch.subrequest, err)
+		}
+		if f == nil {
+			// Nothing to check for this one; nil would mean the pod's
+			// own check (the first subrequest's selectors).
+			f = func(string, int) bool { return true }
+		}
+		out = append(out, core.Alternative{Request: r, Feasible: f})
+	}
+	return out, nil
 }
 
 // waitingForVictims says why a nominated pod is left out of this cycle ("" if

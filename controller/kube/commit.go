@@ -496,13 +496,24 @@ var allocatorFeatures = structured.Features{
 // node's slices with the Tessera devices narrowed to the chosen GPUs, so
 // class and claim CEL selectors, matchAttribute constraints, consumable
 // capacity and other drivers' devices are honoured exactly as kube-scheduler
-// would. The allocations are added to state; undo removes them.
+// would. Of a prioritized list (firstAvailable) of GPUs, the allocator is
+// given only the subrequest the core chose (pl.Alternative): with the GPUs
+// narrowed alone, an earlier subrequest could still match them where the
+// core chose a later one (a whole GPU on the free GPU the core gave a
+// share, when the queue's limit stopped the whole one). The allocations
+// are added to state; undo removes them.
 func (s *Scheduler) allocate(ctx context.Context, ref *podRef, idx *cycleIndex, pl core.Placement, state *structured.AllocatedState, undo *[]func()) (map[string]*resourceapi.AllocationResult, error) {
 	var pending []*resourceapi.ResourceClaim
 	for _, c := range ref.claims {
 		if c.Status.Allocation == nil {
 			pending = append(pending, c)
 		}
+	}
+	if ref.choices != nil {
+		if pl.Alternative < 0 || pl.Alternative >= len(ref.choices) {
+			return nil, fmt.Errorf("the core chose alternative %d of %d", pl.Alternative, len(ref.choices))
+		}
+		pending = onlySubrequest(pending, ref.choices[pl.Alternative])
 	}
 	if len(pending) == 0 {
 		return nil, nil
@@ -569,6 +580,27 @@ func (s *Scheduler) allocate(ctx context.Context, ref *podRef, idx *cycleIndex, 
 		*undo = append(*undo, func() { removeAllocation(state, &r) })
 	}
 	return out, nil
+}
+
+// onlySubrequest returns claims with ch's request narrowed to subrequest
+// ch: a copy of that claim, the others as they are. The allocator's result
+// still names "request/subrequest", as the claim's status must.
+func onlySubrequest(claims []*resourceapi.ResourceClaim, ch subrequestChoice) []*resourceapi.ResourceClaim {
+	out := slices.Clone(claims)
+	for i, c := range out {
+		if c.Name != ch.claim {
+			continue
+		}
+		c = c.DeepCopy()
+		for k := range c.Spec.Devices.Requests {
+			r := &c.Spec.Devices.Requests[k]
+			if r.Name == ch.request {
+				r.FirstAvailable = slicesFilter(r.FirstAvailable, func(sub resourceapi.DeviceSubRequest) bool { return sub.Name == ch.subrequest })
+			}
+		}
+		out[i] = c
+	}
+	return out
 }
 
 func slicesFilter[T any](in []T, keep func(T) bool) []T {

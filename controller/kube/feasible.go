@@ -26,7 +26,10 @@ const driverOnlySelector = `device.driver == "` + DriverName + `"`
 // For a placed pod it describes where the pod could be moved to (its
 // controller recreates it with fresh claims of the same spec), so allocated
 // claims' selectors count too.
-func (s *Scheduler) feasibility(pod *v1.Pod, claims []*resourceapi.ResourceClaim, idx *cycleIndex) (func(node string, gpu int) bool, error) {
+//
+// Of a firstAvailable request, the selectors of subrequest sub count ("":
+// the first), so each of the core's alternatives gets its own check.
+func (s *Scheduler) feasibility(pod *v1.Pod, claims []*resourceapi.ResourceClaim, idx *cycleIndex, sub string) (func(node string, gpu int) bool, error) {
 	placed := pod.Spec.NodeName != ""
 	vols, err := s.volumesOf(pod)
 	if err != nil && !placed {
@@ -58,6 +61,11 @@ func (s *Scheduler) feasibility(pod *v1.Pod, claims []*resourceapi.ResourceClaim
 					tessera = true
 				}
 			}
+			for _, fa := range r.FirstAvailable {
+				if class := s.getClass(fa.DeviceClassName); class != nil && isTesseraClass(class) {
+					tessera = true
+				}
+			}
 		}
 		if !tessera {
 			other = append(other, c)
@@ -72,10 +80,20 @@ func (s *Scheduler) feasibility(pod *v1.Pod, claims []*resourceapi.ResourceClaim
 			continue
 		}
 		for _, r := range c.Spec.Devices.Requests {
-			if r.Exactly == nil {
-				continue
+			className, selectors := "", []resourceapi.DeviceSelector(nil)
+			switch {
+			case r.Exactly != nil:
+				className, selectors = r.Exactly.DeviceClassName, r.Exactly.Selectors
+			case len(r.FirstAvailable) > 0:
+				k := 0
+				for i, fa := range r.FirstAvailable {
+					if fa.Name == sub {
+						k = i
+					}
+				}
+				className, selectors = r.FirstAvailable[k].DeviceClassName, r.FirstAvailable[k].Selectors
 			}
-			class := s.getClass(r.Exactly.DeviceClassName)
+			class := s.getClass(className)
 			if class == nil || !isTesseraClass(class) {
 				continue
 			}
@@ -84,7 +102,7 @@ func (s *Scheduler) feasibility(pod *v1.Pod, claims []*resourceapi.ResourceClaim
 					exprs = append(exprs, sel.CEL.Expression)
 				}
 			}
-			for _, sel := range r.Exactly.Selectors {
+			for _, sel := range selectors {
 				if sel.CEL != nil {
 					exprs = append(exprs, sel.CEL.Expression)
 				}

@@ -206,21 +206,54 @@ type gpuRequest struct {
 	req core.Request
 	// tessera is true when at least one claim asks for Tessera GPUs.
 	tessera bool
+	// alts are the core's Pod.Alternatives (GPU fields only) when a claim
+	// asks for GPUs with a prioritized list (firstAvailable); choices then
+	// names the subrequest of req (choices[0]) and of each of alts.
+	alts    []core.Request
+	choices []subrequestChoice
+}
+
+// subrequestChoice names one subrequest of a firstAvailable request.
+type subrequestChoice struct {
+	claim, request, subrequest string
 }
 
 // podGPURequest sums what a pod's unallocated claims ask of Tessera GPUs.
 // Only shapes the core can place are accepted: any number of whole GPUs, or
-// one fraction of one GPU; the error says what is wrong otherwise.
+// one fraction of one GPU; the error says what is wrong otherwise. A
+// request with a prioritized list (firstAvailable) of Tessera subrequests
+// gives the core alternatives: the rest of the pod's requests plus each
+// subrequest in turn. One such request per pod is supported; one whose
+// subrequests are all other drivers' is left to the commit's allocator,
+// like another driver's exact request.
 func podGPURequest(claims []*resourceapi.ResourceClaim, classes classLookup) (gpuRequest, error) {
 	var out gpuRequest
+	var base core.Request
 	fractions := 0
+	// The firstAvailable request, translated subrequest by subrequest.
+	var subs []core.Request
 	for _, c := range claims {
 		if c.Status.Allocation != nil {
 			continue // already allocated (a shared claim): it constrains the node only
 		}
 		for _, r := range c.Spec.Devices.Requests {
 			if r.Exactly == nil {
-				return out, fmt.Errorf("claim %s request %q: firstAvailable requests are not supported by tessera-scheduler", c.Name, r.Name)
+				got, err := firstAvailableGPUs(c, &r, classes)
+				if err != nil {
+					return out, err
+				}
+				if got == nil {
+					continue // other drivers' devices only
+				}
+				if subs != nil {
+					return out, fmt.Errorf("claim %s request %q: tessera-scheduler supports one firstAvailable request for GPUs per pod; %s/%s is another", c.Name, r.Name, out.choices[0].claim, out.choices[0].request)
+				}
+				out.tessera = true
+				for _, sub := range r.FirstAvailable {
+					out.choices = append(out.choices, subrequestChoice{claim: c.Name, request: r.Name, subrequest: sub.Name})
+				}
+				subs = got
+				continue
 			}
 			class := classes(r.Exactly.DeviceClassName)
 			if class == nil {
@@ -230,50 +263,141 @@ func podGPURequest(claims []*resourceapi.ResourceClaim, classes classLookup) (gp
 				continue
 			}
 			out.tessera = true
-			if r.Exactly.AllocationMode == resourceapi.DeviceAllocationModeAll {
-				return out, fmt.Errorf("claim %s request %q: allocationMode All is not supported for GPUs; ask for a count", c.Name, r.Name)
-			}
-			count := r.Exactly.Count
-			if count == 0 {
-				count = 1
-			}
-			mode, err := requestSharing(class, c, r.Name)
+			g, err := exactGPUs(c, r.Name, r.Exactly, class)
 			if err != nil {
-				return out, fmt.Errorf("claim %s: %w", c.Name, err)
+				return out, fmt.Errorf("claim %s request %q: %w", c.Name, r.Name, err)
 			}
-			var mem *resource.Quantity
-			if r.Exactly.Capacity != nil {
-				if q, ok := r.Exactly.Capacity.Requests[capacityMemory]; ok {
-					mem = &q
-				}
+			if g.IsFraction() {
+				fractions++
 			}
-			if mem == nil {
-				out.req.GPUs += int(count)
-				continue
-			}
-			if mode == gpuconfig.Exclusive {
-				return out, fmt.Errorf("claim %s request %q: a memory request shares a GPU; use DeviceClass mps.gpu.tessera.dev or timeslice.gpu.tessera.dev", c.Name, r.Name)
-			}
-			if count != 1 {
-				return out, fmt.Errorf("claim %s request %q: a fractional request takes a share of one GPU; count must be 1, got %d", c.Name, r.Name, count)
-			}
-			fractions++
-			out.req.GPUMemory = mem.Value()
-			out.req.Sharing = core.SharingMPS
-			if mode == gpuconfig.TimeSlicing {
-				out.req.Sharing = core.SharingTimeSlice
-			}
+			addGPUs(&base, g)
 		}
 		for _, k := range c.Spec.Devices.Constraints {
 			if k.MatchAttribute != nil && string(*k.MatchAttribute) == attrNVLinkDomain {
-				out.req.NVLink = core.NVLinkRequired
+				base.NVLink = core.NVLinkRequired
 			}
 		}
 	}
-	if fractions > 1 || (fractions == 1 && out.req.GPUs > 0) {
-		return out, fmt.Errorf("a pod may ask for whole GPUs or for one share of one GPU, not both or several shares")
+	if subs == nil {
+		if err := checkShape(base, fractions); err != nil {
+			return out, err
+		}
+		out.req = base
+		return out, nil
+	}
+	for i, g := range subs {
+		r, n := base, fractions
+		if g.IsFraction() {
+			n++
+		}
+		addGPUs(&r, g)
+		if err := checkShape(r, n); err != nil {
+			ch := out.choices[i]
+			return out, fmt.Errorf("claim %s request %q subrequest %q: %w", ch.claim, ch.request, ch.subrequest, err)
+		}
+		if i == 0 {
+			out.req = r
+		} else {
+			out.alts = append(out.alts, r)
+		}
 	}
 	return out, nil
+}
+
+// firstAvailableGPUs translates the subrequests of a firstAvailable
+// request, each as an exact request is; nil when none asks for Tessera
+// GPUs. Mixing Tessera and other drivers' classes in one list is refused:
+// the core weighs GPUs only, so it could not honour the order between a
+// GPU and another driver's device.
+func firstAvailableGPUs(c *resourceapi.ResourceClaim, r *resourceapi.DeviceRequest, classes classLookup) ([]core.Request, error) {
+	if len(r.FirstAvailable) == 0 {
+		return nil, fmt.Errorf("claim %s request %q: neither exactly nor firstAvailable is set", c.Name, r.Name)
+	}
+	var out []core.Request
+	tessera, other := "", ""
+	for i := range r.FirstAvailable {
+		sub := &r.FirstAvailable[i]
+		class := classes(sub.DeviceClassName)
+		if class == nil {
+			return nil, fmt.Errorf("claim %s request %q subrequest %q: DeviceClass %q not found", c.Name, r.Name, sub.Name, sub.DeviceClassName)
+		}
+		if !isTesseraClass(class) {
+			other = sub.Name
+			continue
+		}
+		tessera = sub.Name
+		// The same fields as an exact request's, so the same translation.
+		g, err := exactGPUs(c, r.Name+"/"+sub.Name, &resourceapi.ExactDeviceRequest{
+			DeviceClassName: sub.DeviceClassName, Selectors: sub.Selectors, AllocationMode: sub.AllocationMode,
+			Count: sub.Count, Tolerations: sub.Tolerations, Capacity: sub.Capacity,
+		}, class)
+		if err != nil {
+			return nil, fmt.Errorf("claim %s request %q subrequest %q: %w", c.Name, r.Name, sub.Name, err)
+		}
+		out = append(out, g)
+	}
+	if tessera != "" && other != "" {
+		return nil, fmt.Errorf("claim %s request %q: subrequest %q asks for another driver's devices and %q for Tessera GPUs; tessera-scheduler cannot order the two in one firstAvailable list (use separate claims)", c.Name, r.Name, other, tessera)
+	}
+	return out, nil
+}
+
+// exactGPUs translates one exact request for Tessera GPUs (request names
+// it for the claim's configs: "req", or "req/sub" for a subrequest) into
+// whole GPUs or one share of one GPU. The error does not name the claim
+// and request; the caller does.
+func exactGPUs(c *resourceapi.ResourceClaim, request string, r *resourceapi.ExactDeviceRequest, class *resourceapi.DeviceClass) (core.Request, error) {
+	var out core.Request
+	if r.AllocationMode == resourceapi.DeviceAllocationModeAll {
+		return out, fmt.Errorf("allocationMode All is not supported for GPUs; ask for a count")
+	}
+	count := r.Count
+	if count == 0 {
+		count = 1
+	}
+	mode, err := requestSharing(class, c, request)
+	if err != nil {
+		return out, err
+	}
+	var mem *resource.Quantity
+	if r.Capacity != nil {
+		if q, ok := r.Capacity.Requests[capacityMemory]; ok {
+			mem = &q
+		}
+	}
+	if mem == nil {
+		out.GPUs = int(count)
+		return out, nil
+	}
+	if mode == gpuconfig.Exclusive {
+		return out, fmt.Errorf("a memory request shares a GPU; use DeviceClass mps.gpu.tessera.dev or timeslice.gpu.tessera.dev")
+	}
+	if count != 1 {
+		return out, fmt.Errorf("a fractional request takes a share of one GPU; count must be 1, got %d", count)
+	}
+	out.GPUMemory = mem.Value()
+	out.Sharing = core.SharingMPS
+	if mode == gpuconfig.TimeSlicing {
+		out.Sharing = core.SharingTimeSlice
+	}
+	return out, nil
+}
+
+// addGPUs adds g's whole GPUs or share to r.
+func addGPUs(r *core.Request, g core.Request) {
+	r.GPUs += g.GPUs
+	if g.IsFraction() {
+		r.GPUMemory, r.Sharing = g.GPUMemory, g.Sharing
+	}
+}
+
+// checkShape refuses what the core cannot place: several shares, or a
+// share with whole GPUs.
+func checkShape(r core.Request, fractions int) error {
+	if fractions > 1 || (fractions == 1 && r.GPUs > 0) {
+		return fmt.Errorf("a pod may ask for whole GPUs or for one share of one GPU, not both or several shares")
+	}
+	return nil
 }
 
 // allocatedPlacement reads where a pod's allocated Tessera claims put it.
