@@ -129,6 +129,14 @@ func (s *session) findPlace(p *podState) (*plan, string) {
 // not. The plan says which alternative it is for; the pod is left at its
 // own request. Without a plan, the reason is each request's, in order.
 func (s *session) alternatives(j *jobState, p *podState, why string) (*plan, string) {
+	if p.alts == nil {
+		return nil, why
+	}
+	// The pod's own request may be priced by GPU size (byGPUSize): its
+	// price is not its alternatives'.
+	res, capped := p.res, p.milliCap
+	p.milliCap = 0
+	defer func() { p.res, p.milliCap = res, capped }()
 	for k := 1; k < len(p.alts); k++ {
 		s.setAlt(p, k)
 		pl, w := (*plan)(nil), s.gates(j, p.res, true)
