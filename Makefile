@@ -55,7 +55,7 @@ scale: controlplane
 # program, time-slicing, CDI against the installed driver. They change GPU
 # state, so they need root, an idle GPU and nvcc; not part of `test`.
 real-gpu:
-	TESSERA_REAL_GPU=1 $(GO) test -count=1 -v ./test/realgpu/ ./gpu/ -run 'Test(InventoryAndSlice|MPSEnforcesClaimLimits|TimeSlicing|CDISpecAgainstDriver|Health|HealthIgnoresApplicationFault|RealNVML)$$'
+	TESSERA_REAL_GPU=1 $(GO) test -count=1 -v ./test/realgpu/ ./gpu/ -run 'Test(InventoryAndSlice|MPSEnforcesClaimLimits|DevicePluginShares|TimeSlicing|CDISpecAgainstDriver|Health|HealthIgnoresApplicationFault|RealNVML)$$'
 
 # helm, built from its Go module (hack/tools/helm) and cached under _cache/.
 helm:
