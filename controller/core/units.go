@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"slices"
 	"strconv"
+	"strings"
 )
 
 // mulDiv returns floor(a*b/c) for non-negative a, b and positive c without
@@ -41,14 +42,26 @@ func formatMilli(v int64) string {
 	return s
 }
 
-// formatBytes writes bytes with the largest binary suffix that divides them.
+// formatBytes writes bytes for a person: exactly with the largest binary
+// suffix that divides them when that is Mi or larger ("20Gi", "1536Mi");
+// otherwise (a node's allocatable such as 263853748Ki, a decimal request such
+// as 550G) in the largest binary unit it reaches, to two decimals
+// ("251.63Gi"), since a count of Ki or bytes is unreadable in a message.
 func formatBytes(v int64) string {
-	for _, u := range []struct {
+	units := []struct {
 		s string
 		n int64
-	}{{"Ti", 1 << 40}, {"Gi", 1 << 30}, {"Mi", 1 << 20}, {"Ki", 1 << 10}} {
+	}{{"Ti", 1 << 40}, {"Gi", 1 << 30}, {"Mi", 1 << 20}, {"Ki", 1 << 10}}
+	for _, u := range units[:3] {
 		if v != 0 && v%u.n == 0 {
 			return strconv.FormatInt(v/u.n, 10) + u.s
+		}
+	}
+	for _, u := range units {
+		if v >= u.n {
+			s := strconv.FormatFloat(float64(v)/float64(u.n), 'f', 2, 64)
+			s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+			return s + u.s
 		}
 	}
 	return strconv.FormatInt(v, 10)
