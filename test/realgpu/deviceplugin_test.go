@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -146,33 +145,11 @@ func TestDevicePluginShares(t *testing.T) {
 	assert.Equal(t, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS, computeMode(t, inv, g.UUID))
 	require.Len(t, drv.PodAllocations(), 2)
 
-	// Both clients at once, each holding an allocation just under its limit.
-	bin := probeBinary(t)
-	held := make([]probe, len(shares))
-	errs := make([]error, len(shares))
-	var wg sync.WaitGroup
+	clients := make([]mpsClient, len(shares))
 	for i, s := range shares {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			held[i], errs[i] = probeRun(bin, envs[i], s.memory-512*mib, 2*time.Second)
-		}()
+		clients[i] = mpsClient{name: s.name, env: envs[i], memory: s.memory, percent: int((s.compute + 9) / 10)}
 	}
-	wg.Wait()
-	for i, s := range shares {
-		require.NoError(t, errs[i], s.name)
-		pct := int((s.compute + 9) / 10)
-		p := held[i]
-		t.Logf("%s: limit %d MiB, %d%% of %d SMs: %+v", s.name, s.memory>>20, pct, g.Multiprocessors, p)
-		assert.Equal(t, "no error", p.Alloc, "%s: allocation under its limit", s.name)
-		assert.LessOrEqual(t, p.Free, s.memory, "%s: free memory beyond its limit", s.name)
-		// MPS hands out SMs in pairs (TPCs): allow that rounding.
-		share := float64(pct) * float64(g.Multiprocessors) / 100
-		assert.LessOrEqual(t, p.SMs, int(share)+2, "%s: SMs", s.name)
-		assert.GreaterOrEqual(t, p.SMs, int(share)-2, "%s: SMs", s.name)
-		over := runProbe(t, envs[i], s.memory+512*mib, 0)
-		assert.Equal(t, "out of memory", over.Alloc, "%s: allocation over its limit", s.name)
-	}
+	checkMPSLimits(t, g, clients)
 
 	// Deleting a pod releases its share; the daemon stays for the other.
 	require.NoError(t, client.CoreV1().Pods("ns").Delete(ctx, "share-a", metav1.DeleteOptions{}))

@@ -262,36 +262,11 @@ func TestMPSEnforcesClaimLimits(t *testing.T) {
 	assert.Equal(t, 1, mps.Daemons(), "one daemon per GPU, shared by its claims")
 
 	check := func(t *testing.T) {
-		// Both clients at once, each holding an allocation just under its
-		// limit, so the daemon serves two limits side by side.
-		var wg sync.WaitGroup
-		held := make([]probe, len(claims))
-		errs := make([]error, len(claims))
-		bin := probeBinary(t)
+		clients := make([]mpsClient, len(claims))
 		for i, c := range claims {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				held[i], errs[i] = probeRun(bin, envs[i], c.memory-512*mib, 2*time.Second)
-			}()
+			clients[i] = mpsClient{name: c.uid, env: envs[i], memory: c.memory, percent: int(cdi.ActiveThreadPercentage(c.percent, c.memory, g.MemoryBytes))}
 		}
-		wg.Wait()
-		for i, c := range claims {
-			require.NoError(t, errs[i], c.uid)
-			pct := cdi.ActiveThreadPercentage(c.percent, c.memory, g.MemoryBytes)
-			p := held[i]
-			t.Logf("%s: limit %d MiB, %d%% of %d SMs: %+v", c.uid, c.memory>>20, pct, g.Multiprocessors, p)
-			assert.Equal(t, "no error", p.Alloc, "%s: allocation under its limit", c.uid)
-			assert.LessOrEqual(t, p.Free, c.memory, "%s: free memory beyond its limit", c.uid)
-			// MPS hands out SMs in pairs (TPCs): allow that rounding.
-			share := float64(pct) * float64(g.Multiprocessors) / 100
-			assert.LessOrEqual(t, p.SMs, int(math.Ceil(share))+1, "%s: SMs", c.uid)
-			assert.GreaterOrEqual(t, p.SMs, int(math.Floor(share))-2, "%s: SMs", c.uid)
-			assert.Less(t, p.SMs, g.Multiprocessors, "%s: SM share not applied", c.uid)
-
-			over := runProbe(t, envs[i], c.memory+512*mib, 0)
-			assert.Equal(t, "out of memory", over.Alloc, "%s: allocation over its limit", c.uid)
-		}
+		checkMPSLimits(t, g, clients)
 	}
 	t.Run("limits", check)
 
@@ -336,6 +311,50 @@ func TestMPSEnforcesClaimLimits(t *testing.T) {
 	p := runProbe(t, os.Environ(), 0, 0)
 	assert.Equal(t, g.Multiprocessors, p.SMs)
 	assert.Greater(t, p.Free, 16*gib)
+}
+
+// mpsClient is a container's view of an MPS share: its environment from
+// the CDI spec, and the limits it must see.
+type mpsClient struct {
+	name    string
+	env     []string
+	memory  uint64
+	percent int
+}
+
+// checkMPSLimits runs the probe for every client at once, each holding an
+// allocation just under its limit (so the daemon serves the limits side by
+// side), and checks that each sees its memory limit and SM share; then
+// that an allocation over each limit fails.
+func checkMPSLimits(t *testing.T, g gpu.Device, clients []mpsClient) {
+	t.Helper()
+	bin := probeBinary(t)
+	var wg sync.WaitGroup
+	held := make([]probe, len(clients))
+	errs := make([]error, len(clients))
+	for i, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			held[i], errs[i] = probeRun(bin, c.env, c.memory-512*mib, 2*time.Second)
+		}()
+	}
+	wg.Wait()
+	for i, c := range clients {
+		require.NoError(t, errs[i], c.name)
+		p := held[i]
+		t.Logf("%s: limit %d MiB, %d%% of %d SMs: %+v", c.name, c.memory>>20, c.percent, g.Multiprocessors, p)
+		assert.Equal(t, "no error", p.Alloc, "%s: allocation under its limit", c.name)
+		assert.LessOrEqual(t, p.Free, c.memory, "%s: free memory beyond its limit", c.name)
+		// MPS hands out SMs in pairs (TPCs): allow that rounding.
+		share := float64(c.percent) * float64(g.Multiprocessors) / 100
+		assert.LessOrEqual(t, p.SMs, int(math.Ceil(share))+1, "%s: SMs", c.name)
+		assert.GreaterOrEqual(t, p.SMs, int(math.Floor(share))-2, "%s: SMs", c.name)
+		assert.Less(t, p.SMs, g.Multiprocessors, "%s: SM share not applied", c.name)
+
+		over := runProbe(t, c.env, c.memory+512*mib, 0)
+		assert.Equal(t, "out of memory", over.Alloc, "%s: allocation over its limit", c.name)
+	}
 }
 
 // timeSlice reads a GPU's time-slice interval back from nvidia-smi.
