@@ -9,6 +9,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -40,6 +41,8 @@ var everything = labels.Everything()
 const (
 	sliceNodeIndex = "node"
 	pvClassIndex   = "storageClass"
+	// capacityClassIndex indexes CSIStorageCapacity objects by storage class.
+	capacityClassIndex = "storageClass"
 )
 
 // GVRs of Tessera's CRDs.
@@ -89,6 +92,8 @@ type Scheduler struct {
 	pvIndexer          cache.Indexer // by storage class (pvClassIndex)
 	storageClassLister storagelisters.StorageClassLister
 	csiNodeLister      storagelisters.CSINodeLister
+	csiDriverLister    storagelisters.CSIDriverLister
+	capacityIndexer    cache.Indexer // CSIStorageCapacity by storage class (capacityClassIndex)
 	// Namespaces, for pod affinity terms with a namespaceSelector.
 	namespaceLister corelisters.NamespaceLister
 	sliceIndexer    cache.Indexer
@@ -200,6 +205,20 @@ func New(opts Options) (*Scheduler, error) {
 		return nil, err
 	}
 	s.pvIndexer = pvInformer.GetIndexer()
+	s.csiDriverLister = s.factory.Storage().V1().CSIDrivers().Lister()
+	// Storage capacity by class, so a pod's claim reads its class's
+	// capacities, not the cluster's (one object per class and topology).
+	capacityInformer := s.factory.Storage().V1().CSIStorageCapacities().Informer()
+	if err := capacityInformer.AddIndexers(cache.Indexers{capacityClassIndex: func(obj any) ([]string, error) {
+		c, ok := obj.(*storagev1.CSIStorageCapacity)
+		if !ok {
+			return nil, nil
+		}
+		return []string{c.StorageClassName}, nil
+	}}); err != nil {
+		return nil, err
+	}
+	s.capacityIndexer = capacityInformer.GetIndexer()
 	s.queueInformer = s.dfactory.ForResource(QueueGVR).Informer()
 	s.groupInformer = s.dfactory.ForResource(PodGroupGVR).Informer()
 
@@ -240,6 +259,8 @@ func New(opts Options) (*Scheduler, error) {
 		s.factory.Core().V1().PersistentVolumes().Informer(),
 		s.factory.Storage().V1().StorageClasses().Informer(),
 		s.factory.Storage().V1().CSINodes().Informer(),
+		s.factory.Storage().V1().CSIDrivers().Informer(),
+		capacityInformer,
 		s.factory.Core().V1().Namespaces().Informer(),
 		s.queueInformer, s.groupInformer,
 	} {

@@ -9,7 +9,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
@@ -37,6 +39,12 @@ import (
 //     for the provisioner, before the pod's bind. A claim that already
 //     names a node keeps the pod to that node. Volumes a commit binds are
 //     reserved for the rest of it, so two pods do not take one volume.
+//   - Storage capacity: when the provisioner is a CSI driver that publishes
+//     its capacity (CSIDriver spec.storageCapacity), a volume is provisioned
+//     only on a node that a CSIStorageCapacity object of the claim's class
+//     covers (its nodeTopology) with room for the claim's size (its
+//     maximumVolumeSize, or else its capacity), as kube-scheduler checks.
+//     Local NVMe on GPU nodes (TopoLVM, for instance) works this way.
 //
 // Generic ephemeral volumes are claims named <pod>-<volume>, created by the
 // ephemeral-volume controller; the pod waits until its claim exists.
@@ -61,6 +69,49 @@ type delayedClaim struct {
 	// on a node in allowed (nil: anywhere) when no pre-created one matches.
 	provision bool
 	allowed   *v1.NodeSelector
+	// capacities, when not nil, are the CSIStorageCapacity objects of the
+	// claim's class: the provisioner's driver publishes its capacity, so a
+	// volume is provisioned only where one of them has room for it.
+	capacities []*storagev1.CSIStorageCapacity
+}
+
+// hasRoom reports whether the driver can provision the claim on node n: no
+// capacity is published, the claim asks no size, or a CSIStorageCapacity
+// of its class covers n with room for it.
+func (d *delayedClaim) hasRoom(n *v1.Node) bool {
+	if d.capacities == nil {
+		return true
+	}
+	size, ok := d.pvc.Spec.Resources.Requests[v1.ResourceStorage]
+	if !ok {
+		return true
+	}
+	for _, c := range d.capacities {
+		if capacityFits(c, size) && capacityCovers(c, n) {
+			return true
+		}
+	}
+	return false
+}
+
+// capacityFits reports whether one volume of size fits c: its
+// maximumVolumeSize when set (the largest single volume), else its capacity.
+func capacityFits(c *storagev1.CSIStorageCapacity, size resource.Quantity) bool {
+	room := c.MaximumVolumeSize
+	if room == nil {
+		room = c.Capacity
+	}
+	return room != nil && room.Cmp(size) >= 0
+}
+
+// capacityCovers reports whether node n is in c's topology; an object
+// without one covers no node.
+func capacityCovers(c *storagev1.CSIStorageCapacity, n *v1.Node) bool {
+	if c.NodeTopology == nil {
+		return false
+	}
+	sel, err := metav1.LabelSelectorAsSelector(c.NodeTopology)
+	return err == nil && sel.Matches(labels.Set(n.Labels))
 }
 
 // volumeChoice is what the commit does for one delayed claim on the chosen
@@ -94,6 +145,9 @@ func (v *podVolumes) match(n *v1.Node, taken map[string]bool) ([]volumeChoice, b
 			if ok, err := corev1helpers.MatchNodeSelectorTerms(n, d.allowed); err != nil || !ok {
 				return nil, false
 			}
+		}
+		if !d.hasRoom(n) {
+			return nil, false
 		}
 		out = append(out, volumeChoice{claim: d.pvc})
 	}
@@ -172,6 +226,11 @@ func (s *Scheduler) volumesOf(pod *v1.Pod) (podVolumes, error) {
 		if d.provision && len(sc.AllowedTopologies) > 0 {
 			d.allowed = topologyTerms(sc.AllowedTopologies)
 		}
+		if d.provision {
+			if d.capacities, err = s.storageCapacities(sc); err != nil {
+				return out, err
+			}
+		}
 		out.delayed = append(out.delayed, d)
 	}
 	if len(out.delayed) == 0 {
@@ -193,9 +252,13 @@ func (s *Scheduler) volumesOf(pod *v1.Pod) (podVolumes, error) {
 		}
 	}
 	// A claim that only a pre-created volume can serve, and that no
-	// volume matches on any node: say so, rather than "no node fits".
+	// volume matches on any node, or whose driver has room for it nowhere:
+	// say so, rather than "no node fits".
 	for _, d := range out.delayed {
 		if d.provision {
+			if err := d.roomAnywhere(); err != nil {
+				return out, err
+			}
 			continue
 		}
 		if pv, err := volumehelpers.FindMatchingVolume(d.pvc, out.pvs, nil, nil, false, true); err != nil || pv == nil {
@@ -208,6 +271,64 @@ func (s *Scheduler) volumesOf(pod *v1.Pod) (podVolumes, error) {
 		return ok
 	})
 	return out, nil
+}
+
+// storageCapacities returns the CSIStorageCapacity objects of class sc when
+// its provisioner is a CSI driver that publishes capacity, else nil (no
+// CSIDriver object, or storageCapacity off: capacity is not checked, as in
+// kube-scheduler). The slice is never nil when capacity is checked.
+func (s *Scheduler) storageCapacities(sc *storagev1.StorageClass) ([]*storagev1.CSIStorageCapacity, error) {
+	driver, err := s.csiDriverLister.Get(sc.Provisioner)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("CSIDriver %q: %w", sc.Provisioner, err)
+	}
+	if driver.Spec.StorageCapacity == nil || !*driver.Spec.StorageCapacity {
+		return nil, nil
+	}
+	objs, err := s.capacityIndexer.ByIndex(capacityClassIndex, sc.Name)
+	if err != nil {
+		return nil, fmt.Errorf("listing CSIStorageCapacity of storage class %q: %w", sc.Name, err)
+	}
+	out := make([]*storagev1.CSIStorageCapacity, 0, len(objs))
+	for _, o := range objs {
+		out = append(out, o.(*storagev1.CSIStorageCapacity))
+	}
+	return out, nil
+}
+
+// roomAnywhere says why a claim to provision waits when no published
+// capacity of its class has room for it on any node.
+func (d *delayedClaim) roomAnywhere() error {
+	size, ok := d.pvc.Spec.Resources.Requests[v1.ResourceStorage]
+	if d.capacities == nil || !ok {
+		return nil
+	}
+	var most *resource.Quantity
+	for _, c := range d.capacities {
+		if c.NodeTopology == nil {
+			continue
+		}
+		if capacityFits(c, size) {
+			return nil
+		}
+		room := c.MaximumVolumeSize
+		if room == nil {
+			room = c.Capacity
+		}
+		if room != nil && (most == nil || room.Cmp(*most) > 0) {
+			most = room
+		}
+	}
+	class := volumehelpers.GetPersistentVolumeClaimClass(d.pvc)
+	if most == nil {
+		return fmt.Errorf("PersistentVolumeClaim %q needs %s of storage class %q, and its CSI driver publishes no capacity for it on any node (CSIStorageCapacity)",
+			d.pvc.Name, size.String(), class)
+	}
+	return fmt.Errorf("PersistentVolumeClaim %q needs %s of storage class %q; the most its CSI driver can provision on any node is %s (CSIStorageCapacity)",
+		d.pvc.Name, size.String(), class, most.String())
 }
 
 // topologyTerms turns a class's allowed topologies into node selector terms

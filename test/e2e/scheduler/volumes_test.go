@@ -241,5 +241,96 @@ func TestVolumes(t *testing.T) {
 			return contains(pendingReason(p), "needs 1 CSI volume attachments of "+driver+"; the most free on any node is 0"), pendingReason(p)
 		})
 	})
+
+	// A CSI driver that publishes its storage capacity (local NVMe, as
+	// TopoLVM does): a volume is provisioned only on a node whose
+	// CSIStorageCapacity has room for it, and a claim too big for every
+	// node waits, saying so, until the capacity grows.
+	t.Run("CSI storage capacity", func(t *testing.T) {
+		const driver = "capacity.example.com"
+		if _, err := e.client.StorageV1().CSIDrivers().Create(e.ctx, &storagev1.CSIDriver{
+			ObjectMeta: metav1.ObjectMeta{Name: driver},
+			Spec:       storagev1.CSIDriverSpec{StorageCapacity: ptr.To(true)},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		class := e.ns + "-nvme"
+		if _, err := e.client.StorageV1().StorageClasses().Create(e.ctx, &storagev1.StorageClass{
+			ObjectMeta: metav1.ObjectMeta{Name: class}, Provisioner: driver,
+			VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		capacity := func(node, size, maxVolume string) *storagev1.CSIStorageCapacity {
+			return &storagev1.CSIStorageCapacity{
+				ObjectMeta:        metav1.ObjectMeta{Name: "nvme-" + node},
+				StorageClassName:  class,
+				NodeTopology:      &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/hostname": node}},
+				Capacity:          ptr.To(resource.MustParse(size)),
+				MaximumVolumeSize: ptr.To(resource.MustParse(maxVolume)),
+			}
+		}
+		// Bin-packing puts a pod without volumes on x; only y has room.
+		e.createPod(podSpec{name: "capacity-probe"})
+		e.waitBound("capacity-probe")
+		x := e.pod("capacity-probe").Spec.NodeName
+		y := map[string]string{"vol-a": "vol-b", "vol-b": "vol-a"}[x]
+		for _, c := range []*storagev1.CSIStorageCapacity{capacity(x, "1Gi", "1Gi"), capacity(y, "100Gi", "50Gi")} {
+			if _, err := e.client.StorageV1().CSIStorageCapacities(e.ns).Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sized := func(name, size string) {
+			t.Helper()
+			if _, err := e.client.CoreV1().PersistentVolumeClaims(e.ns).Create(e.ctx, &v1.PersistentVolumeClaim{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+				Spec: v1.PersistentVolumeClaimSpec{
+					StorageClassName: ptr.To(class),
+					AccessModes:      []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
+					Resources:        v1.VolumeResourceRequirements{Requests: v1.ResourceList{v1.ResourceStorage: resource.MustParse(size)}},
+				},
+			}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sized("fast-1", "20Gi")
+		e.createPod(podSpec{name: "capacity-1", pvc: "fast-1"})
+		e.waitBound("capacity-1")
+		if n := e.pod("capacity-1").Spec.NodeName; n != y {
+			t.Fatalf("capacity-1 on %s; only %s has room for its 20Gi volume", n, y)
+		}
+		c, err := e.client.CoreV1().PersistentVolumeClaims(e.ns).Get(e.ctx, "fast-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.Annotations[volumehelpers.AnnSelectedNode]; got != y {
+			t.Fatalf("claim fast-1: selected-node %q, want %s", got, y)
+		}
+
+		sized("fast-2", "200Gi")
+		e.createPod(podSpec{name: "capacity-2", pvc: "fast-2"})
+		want := `PersistentVolumeClaim "fast-2" needs 200Gi of storage class "` + class + `"; the most its CSI driver can provision on any node is 50Gi (CSIStorageCapacity)`
+		e.eventually("capacity-2 pending with its reason", 60*time.Second, func() (bool, string) {
+			p := e.pod("capacity-2")
+			if p.Spec.NodeName != "" {
+				t.Fatalf("capacity-2 bound to %s; no node has room for its volume", p.Spec.NodeName)
+			}
+			return contains(pendingReason(p), want), pendingReason(p)
+		})
+		// The driver reports more room on x: the pod goes there.
+		grown := capacity(x, "1Ti", "1Ti")
+		cur, err := e.client.StorageV1().CSIStorageCapacities(e.ns).Get(e.ctx, grown.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		grown.ResourceVersion = cur.ResourceVersion
+		if _, err := e.client.StorageV1().CSIStorageCapacities(e.ns).Update(e.ctx, grown, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitBound("capacity-2")
+		if n := e.pod("capacity-2").Spec.NodeName; n != x {
+			t.Fatalf("capacity-2 on %s; only %s has room for its 200Gi volume", n, x)
+		}
+	})
 	e.checkNoDoubleAllocation()
 }
