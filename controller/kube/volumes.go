@@ -94,13 +94,18 @@ func (d *delayedClaim) hasRoom(n *v1.Node) bool {
 	return false
 }
 
-// capacityFits reports whether one volume of size fits c: its
-// maximumVolumeSize when set (the largest single volume), else its capacity.
-func capacityFits(c *storagev1.CSIStorageCapacity, size resource.Quantity) bool {
-	room := c.MaximumVolumeSize
-	if room == nil {
-		room = c.Capacity
+// volumeRoom is the largest volume c offers: its maximumVolumeSize when set,
+// else its capacity; nil when it says neither.
+func volumeRoom(c *storagev1.CSIStorageCapacity) *resource.Quantity {
+	if c.MaximumVolumeSize != nil {
+		return c.MaximumVolumeSize
 	}
+	return c.Capacity
+}
+
+// capacityFits reports whether one volume of size fits c.
+func capacityFits(c *storagev1.CSIStorageCapacity, size resource.Quantity) bool {
+	room := volumeRoom(c)
 	return room != nil && room.Cmp(size) >= 0
 }
 
@@ -251,20 +256,22 @@ func (s *Scheduler) volumesOf(pod *v1.Pod) (podVolumes, error) {
 			out.pvs = append(out.pvs, o.(*v1.PersistentVolume))
 		}
 	}
-	// A claim that only a pre-created volume can serve, and that no
-	// volume matches on any node, or whose driver has room for it nowhere:
-	// say so, rather than "no node fits".
+	// A claim that only a pre-created volume can serve, or whose driver
+	// has room for it on no node, and that no pre-created volume matches
+	// anywhere: say so, rather than "no node fits".
 	for _, d := range out.delayed {
-		if d.provision {
-			if err := d.roomAnywhere(); err != nil {
-				return out, err
-			}
-			continue
-		}
-		if pv, err := volumehelpers.FindMatchingVolume(d.pvc, out.pvs, nil, nil, false, true); err != nil || pv == nil {
-			return out, fmt.Errorf("PersistentVolumeClaim %q waits for a pre-created volume (storage class %q has no provisioner) and no available PersistentVolume matches its class, size and selector",
+		why := d.roomAnywhere()
+		if !d.provision {
+			why = fmt.Errorf("PersistentVolumeClaim %q waits for a pre-created volume (storage class %q has no provisioner) and no available PersistentVolume matches its class, size and selector",
 				d.pvc.Name, volumehelpers.GetPersistentVolumeClaimClass(d.pvc))
 		}
+		if why == nil {
+			continue
+		}
+		if pv, err := volumehelpers.FindMatchingVolume(d.pvc, out.pvs, nil, nil, false, true); err == nil && pv != nil {
+			continue
+		}
+		return out, why
 	}
 	out.checks = append(out.checks, func(n *v1.Node) bool {
 		_, ok := out.match(n, nil)
@@ -314,11 +321,7 @@ func (d *delayedClaim) roomAnywhere() error {
 		if capacityFits(c, size) {
 			return nil
 		}
-		room := c.MaximumVolumeSize
-		if room == nil {
-			room = c.Capacity
-		}
-		if room != nil && (most == nil || room.Cmp(*most) > 0) {
+		if room := volumeRoom(c); room != nil && (most == nil || room.Cmp(*most) > 0) {
 			most = room
 		}
 	}

@@ -307,6 +307,29 @@ func TestVolumes(t *testing.T) {
 			t.Fatalf("claim fast-1: selected-node %q, want %s", got, y)
 		}
 
+		// A pre-created volume of the class serves a claim whatever the
+		// published capacity says.
+		if _, err := e.client.CoreV1().PersistentVolumes().Create(e.ctx, &v1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-nvme-precreated"},
+			Spec: v1.PersistentVolumeSpec{
+				Capacity:                      v1.ResourceList{v1.ResourceStorage: resource.MustParse("300Gi")},
+				AccessModes:                   []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
+				PersistentVolumeReclaimPolicy: v1.PersistentVolumeReclaimRetain,
+				StorageClassName:              class,
+				PersistentVolumeSource:        v1.PersistentVolumeSource{Local: &v1.LocalVolumeSource{Path: "/mnt/nvme"}},
+				NodeAffinity: &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchExpressions: []v1.NodeSelectorRequirement{
+					{Key: "kubernetes.io/hostname", Operator: v1.NodeSelectorOpIn, Values: []string{y}}}}}}},
+			},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		sized("fast-3", "300Gi")
+		e.createPod(podSpec{name: "capacity-3", pvc: "fast-3"})
+		e.waitBound("capacity-3")
+		if n := e.pod("capacity-3").Spec.NodeName; n != y {
+			t.Fatalf("capacity-3 on %s; its pre-created volume is on %s", n, y)
+		}
+
 		sized("fast-2", "200Gi")
 		e.createPod(podSpec{name: "capacity-2", pvc: "fast-2"})
 		want := `PersistentVolumeClaim "fast-2" needs 200Gi of storage class "` + class + `"; the most its CSI driver can provision on any node is 50Gi (CSIStorageCapacity)`
