@@ -69,14 +69,24 @@ type fileJob struct {
 }
 
 type filePod struct {
-	Count     *int         `json:"count"`
-	GPU       *Quantity    `json:"gpu"`
-	GPUMemory *Quantity    `json:"gpuMemory"`
-	Sharing   string       `json:"sharing"`
-	NVLink    string       `json:"nvlink"`
-	CPU       *Quantity    `json:"cpu"`
-	Memory    *Quantity    `json:"memory"`
-	Running   *fileRunning `json:"running"`
+	Count *int `json:"count"`
+	fileGPU
+	CPU     *Quantity    `json:"cpu"`
+	Memory  *Quantity    `json:"memory"`
+	Running *fileRunning `json:"running"`
+	// Alternatives is an extension of SCENARIOS.md: GPU requests tried in
+	// order when the pod's own fits no node (Kubernetes' DRA prioritized
+	// list, firstAvailable; core.Pod.Alternatives).
+	Alternatives []fileGPU `json:"alternatives"`
+}
+
+// fileGPU is the GPU fields of a pod set: the pod's own request, embedded in
+// filePod, or one of its alternatives, which takes these fields and no other.
+type fileGPU struct {
+	GPU       *Quantity `json:"gpu"`
+	GPUMemory *Quantity `json:"gpuMemory"`
+	Sharing   string    `json:"sharing"`
+	NVLink    string    `json:"nvlink"`
 }
 
 type fileRunning struct {

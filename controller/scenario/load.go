@@ -237,15 +237,7 @@ func checkShape(v any, t reflect.Type, path string) (string, string) {
 		}
 		fields := map[string]reflect.Type{}
 		var known []string
-		for i := 0; i < t.NumField(); i++ {
-			f := t.Field(i)
-			tag := strings.Split(f.Tag.Get("json"), ",")[0]
-			if tag == "" || tag == "-" {
-				continue
-			}
-			fields[tag] = f.Type
-			known = append(known, tag)
-		}
+		shapeFields(t, fields, &known)
 		keys := sortedKeys(m)
 		for _, k := range keys {
 			ft, ok := fields[k]
@@ -303,6 +295,25 @@ func checkShape(v any, t reflect.Type, path string) (string, string) {
 		}
 	}
 	return "", ""
+}
+
+// shapeFields lists a struct's JSON fields in order, with those of an
+// embedded struct (filePod's fileGPU) in its place, as encoding/json reads
+// them.
+func shapeFields(t reflect.Type, fields map[string]reflect.Type, known *[]string) {
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		tag := strings.Split(f.Tag.Get("json"), ",")[0]
+		if tag == "" && f.Anonymous && f.Type.Kind() == reflect.Struct {
+			shapeFields(f.Type, fields, known)
+			continue
+		}
+		if tag == "" || tag == "-" {
+			continue
+		}
+		fields[tag] = f.Type
+		*known = append(*known, tag)
+	}
 }
 
 func kindOf(v any) string {

@@ -76,3 +76,47 @@ jobs:
 		t.Errorf("pods: %+v", j.Pods)
 	}
 }
+
+// Alternatives are read as a pod's own GPU fields are, with the same
+// defaults; Pod.As puts one in place of the pod's GPU fields and keeps the
+// rest.
+func TestAlternativesLoaded(t *testing.T) {
+	specs, err := Parse("t.yaml", []byte(`
+name: a
+nodes:
+- {name: box, gpus: 4}
+jobs:
+- name: j
+  pods:
+  - count: 2
+    gpu: 2
+    cpu: 4
+    alternatives:
+    - {gpu: 1, gpuMemory: 40Gi}
+    - {gpuMemory: 20Gi}
+    - {gpu: 0.5, sharing: timeslice, nvlink: required}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := specs[0].Jobs[0].Pods[1]
+	want := []Pod{{GPUMilli: 1000, MinGPUMemory: 40 << 30}, {GPUMemory: 20 << 30, Sharing: "mps"}, {GPUMilli: 500, Sharing: "timeslice", NVLinkReq: true}}
+	if len(p.Alternatives) != len(want) {
+		t.Fatalf("alternatives: %+v", p.Alternatives)
+	}
+	for i, w := range want {
+		a := p.Alternatives[i]
+		if a.GPUMilli != w.GPUMilli || a.GPUMemory != w.GPUMemory || a.MinGPUMemory != w.MinGPUMemory || a.Sharing != w.Sharing || a.NVLinkReq != w.NVLinkReq {
+			t.Errorf("alternative %d: %+v, want %+v", i, a, w)
+		}
+	}
+	if q, ok := p.As(2); !ok || q.Name != "j-1" || q.CPUMilli != 4000 || q.GPUMemory != 20<<30 || q.WholeGPUs() != 0 || !q.Fractional() || q.Alternatives != nil {
+		t.Errorf("As(2) = %+v, %v", q, ok)
+	}
+	if q, ok := p.As(0); !ok || q.WholeGPUs() != 2 {
+		t.Errorf("As(0) = %+v, %v", q, ok)
+	}
+	if _, ok := p.As(4); ok {
+		t.Error("As(4) should say there is no alternative 4")
+	}
+}

@@ -392,74 +392,40 @@ func normalizeJobs(in []fileJob, queues []Queue, nodes []Node) ([]Job, error) {
 	return out, nil
 }
 
+// maxAlternatives is Kubernetes' limit on a DRA request's firstAvailable
+// list.
+const maxAlternatives = 8
+
 func normalizePod(fp *filePod, pp string, maxGPUs int, maxMem int64) (Pod, int, error) {
-	pod := Pod{}
 	count := 1
 	if fp.Count != nil {
 		if *fp.Count < 1 || *fp.Count > maxCount {
-			return pod, 0, ferr(pp+".count", "%d is out of range (1 to %d)", *fp.Count, maxCount)
+			return Pod{}, 0, ferr(pp+".count", "%d is out of range (1 to %d)", *fp.Count, maxCount)
 		}
 		count = *fp.Count
 	}
-	var err error
-	if fp.GPU != nil {
-		if pod.GPUMilli, err = parseMilli(fp.GPU.raw, false); err != nil {
-			return pod, 0, ferr(pp+".gpu", "%v", err)
+	pod, err := normalizeGPU(&fp.fileGPU, pp, maxGPUs, maxMem)
+	if err != nil {
+		return pod, 0, err
+	}
+	if len(fp.Alternatives) > 0 {
+		if pod.GPUMilli == 0 && pod.GPUMemory == 0 {
+			return pod, 0, ferr(pp+".alternatives", "the pod asks for no GPU; alternatives replace a GPU request")
 		}
-		switch {
-		case pod.GPUMilli < 0:
-			return pod, 0, ferr(pp+".gpu", "must not be negative")
-		case pod.GPUMilli > 1000 && pod.GPUMilli%1000 != 0:
-			return pod, 0, ferr(pp+".gpu", "%s: more than one GPU must be a whole number of GPUs", fp.GPU.raw)
-		case pod.GPUMilli >= 1000 && int(pod.GPUMilli/1000) > maxGPUs:
-			return pod, 0, ferr(pp+".gpu", "asks for %s GPUs but the largest node has %d", fp.GPU.raw, maxGPUs)
-		}
-		if pod.GPUMilli > 0 && maxGPUs == 0 {
-			return pod, 0, ferr(pp+".gpu", "asks for a GPU but no node has one")
+		if len(fp.Alternatives) > maxAlternatives {
+			return pod, 0, ferr(pp+".alternatives", "lists %d; at most %d (Kubernetes' limit on firstAvailable)", len(fp.Alternatives), maxAlternatives)
 		}
 	}
-	if fp.GPUMemory != nil {
-		mem, err := parseBytes(fp.GPUMemory.raw)
+	for i := range fp.Alternatives {
+		ap := fmt.Sprintf("%s.alternatives[%d]", pp, i)
+		alt, err := normalizeGPU(&fp.Alternatives[i], ap, maxGPUs, maxMem)
 		if err != nil {
-			return pod, 0, ferr(pp+".gpuMemory", "%v", err)
+			return pod, 0, err
 		}
-		if mem <= 0 {
-			return pod, 0, ferr(pp+".gpuMemory", "must be positive")
+		if alt.GPUMilli == 0 && alt.GPUMemory == 0 {
+			return pod, 0, ferr(ap, "asks for no GPU; an alternative replaces the pod's GPU request (give gpu or gpuMemory)")
 		}
-		if mem > maxMem {
-			return pod, 0, ferr(pp+".gpuMemory", "asks for %s of GPU memory but the largest GPU has %s", fp.GPUMemory.raw, formatBytes(maxMem))
-		}
-		switch {
-		case fp.GPU == nil:
-			pod.GPUMemory = mem
-		case pod.WholeGPUs() > 0:
-			// With whole GPUs (SCENARIOS.md's own example gives both),
-			// gpuMemory is what each of them must hold at least.
-			pod.MinGPUMemory = mem
-		default:
-			return pod, 0, ferr(pp+".gpuMemory", "give a fraction as gpu or as gpuMemory, not both")
-		}
-	}
-	switch fp.Sharing {
-	case "":
-		if pod.Fractional() {
-			pod.Sharing = "mps"
-		}
-	case "mps", "timeslice":
-		// On whole GPUs the mode changes nothing (a whole GPU is not
-		// shared), so it is accepted and left out.
-		if pod.Fractional() {
-			pod.Sharing = fp.Sharing
-		}
-	default:
-		return pod, 0, ferr(pp+".sharing", "%q is not one of mps, timeslice", fp.Sharing)
-	}
-	switch fp.NVLink {
-	case "", "preferred":
-	case "required":
-		pod.NVLinkReq = true
-	default:
-		return pod, 0, ferr(pp+".nvlink", "%q is not one of required, preferred", fp.NVLink)
+		pod.Alternatives = append(pod.Alternatives, alt)
 	}
 	if fp.CPU != nil {
 		if pod.CPUMilli, err = parseMilli(fp.CPU.raw, true); err != nil {
@@ -481,6 +447,74 @@ func normalizePod(fp *filePod, pp string, maxGPUs int, maxMem int64) (Pod, int, 
 		return pod, 0, ferr(pp+".running.node", "required")
 	}
 	return pod, count, nil
+}
+
+// normalizeGPU reads the GPU fields of a pod set (gpu, gpuMemory, sharing,
+// nvlink) at path pp: the pod's own request or one of its alternatives,
+// which are checked alike.
+func normalizeGPU(fp *fileGPU, pp string, maxGPUs int, maxMem int64) (Pod, error) {
+	pod := Pod{}
+	var err error
+	if fp.GPU != nil {
+		if pod.GPUMilli, err = parseMilli(fp.GPU.raw, false); err != nil {
+			return pod, ferr(pp+".gpu", "%v", err)
+		}
+		switch {
+		case pod.GPUMilli < 0:
+			return pod, ferr(pp+".gpu", "must not be negative")
+		case pod.GPUMilli > 1000 && pod.GPUMilli%1000 != 0:
+			return pod, ferr(pp+".gpu", "%s: more than one GPU must be a whole number of GPUs", fp.GPU.raw)
+		case pod.GPUMilli >= 1000 && int(pod.GPUMilli/1000) > maxGPUs:
+			return pod, ferr(pp+".gpu", "asks for %s GPUs but the largest node has %d", fp.GPU.raw, maxGPUs)
+		}
+		if pod.GPUMilli > 0 && maxGPUs == 0 {
+			return pod, ferr(pp+".gpu", "asks for a GPU but no node has one")
+		}
+	}
+	if fp.GPUMemory != nil {
+		mem, err := parseBytes(fp.GPUMemory.raw)
+		if err != nil {
+			return pod, ferr(pp+".gpuMemory", "%v", err)
+		}
+		if mem <= 0 {
+			return pod, ferr(pp+".gpuMemory", "must be positive")
+		}
+		if mem > maxMem {
+			return pod, ferr(pp+".gpuMemory", "asks for %s of GPU memory but the largest GPU has %s", fp.GPUMemory.raw, formatBytes(maxMem))
+		}
+		switch {
+		case fp.GPU == nil:
+			pod.GPUMemory = mem
+		case pod.WholeGPUs() > 0:
+			// With whole GPUs (SCENARIOS.md's own example gives both),
+			// gpuMemory is what each of them must hold at least.
+			pod.MinGPUMemory = mem
+		default:
+			return pod, ferr(pp+".gpuMemory", "give a fraction as gpu or as gpuMemory, not both")
+		}
+	}
+	switch fp.Sharing {
+	case "":
+		if pod.Fractional() {
+			pod.Sharing = "mps"
+		}
+	case "mps", "timeslice":
+		// On whole GPUs the mode changes nothing (a whole GPU is not
+		// shared), so it is accepted and left out.
+		if pod.Fractional() {
+			pod.Sharing = fp.Sharing
+		}
+	default:
+		return pod, ferr(pp+".sharing", "%q is not one of mps, timeslice", fp.Sharing)
+	}
+	switch fp.NVLink {
+	case "", "preferred":
+	case "required":
+		pod.NVLinkReq = true
+	default:
+		return pod, ferr(pp+".nvlink", "%q is not one of required, preferred", fp.NVLink)
+	}
+	return pod, nil
 }
 
 // runningGPUs picks pod c's GPUs out of running.gpus: whole-GPU pods take

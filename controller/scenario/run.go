@@ -139,8 +139,12 @@ func request(p *Pod) core.Request {
 }
 
 // fillPlacement completes a placement's per-GPU shares the way the core
-// describes them, so pods that start running carry the same data as bound ones.
+// describes them, so pods that start running carry the same data as bound
+// ones: those of the request the placement holds (pl.Alternative).
 func (r *runner) fillPlacement(p *Pod, pl core.Placement) core.Placement {
+	if a, ok := p.As(pl.Alternative); ok {
+		p = a // else checkCapacity reports it
+	}
 	n := r.nodeIdx[pl.Node]
 	pl.GPUMilli, pl.GPUMemory = nil, nil
 	for _, g := range pl.GPUs {
@@ -193,9 +197,15 @@ func (r *runner) snapshot(now time.Time) *core.Snapshot {
 			CreatedAt: simEpoch.Add(time.Duration(j.CreatedAt)*time.Second + time.Duration(ji))}
 		for pi := range j.Pods {
 			sp := r.byName[j.Pods[pi].Name]
-			cp := core.Pod{Name: sp.spec.Name, Request: request(sp.spec)}
-			if least := sp.spec.MinGPUMemory; least > 0 {
-				cp.Feasible = func(node string, _ int) bool { return r.gpuMemory[node] >= least }
+			cp := core.Pod{Name: sp.spec.Name, Request: request(sp.spec), Feasible: r.leastMemory(sp.spec)}
+			for i := range sp.spec.Alternatives {
+				a, _ := sp.spec.As(i + 1)
+				ca := core.Alternative{Request: request(a), Feasible: r.leastMemory(a)}
+				if ca.Feasible == nil && cp.Feasible != nil {
+					// nil would take the pod's own check.
+					ca.Feasible = func(string, int) bool { return true }
+				}
+				cp.Alternatives = append(cp.Alternatives, ca)
 			}
 			switch sp.state {
 			case StatePending:
@@ -212,6 +222,16 @@ func (r *runner) snapshot(now time.Time) *core.Snapshot {
 		s.Jobs = append(s.Jobs, cj)
 	}
 	return s
+}
+
+// leastMemory is the check for a pod that needs so much memory on each of
+// its whole GPUs (Pod.MinGPUMemory); nil when it needs none.
+func (r *runner) leastMemory(p *Pod) func(string, int) bool {
+	least := p.MinGPUMemory
+	if least == 0 {
+		return nil
+	}
+	return func(node string, _ int) bool { return r.gpuMemory[node] >= least }
 }
 
 func clonePlacement(p core.Placement) core.Placement {
@@ -411,12 +431,18 @@ func (r *runner) checkCapacity(extra []*simPod, final bool) []string {
 			problems = append(problems, fmt.Sprintf("pod %s placed on unknown node %q", p.spec.Name, p.place.Node))
 			continue
 		}
-		want := p.spec.WholeGPUs()
-		if p.spec.Fractional() {
+		// The request the pod holds: its own or the alternative its
+		// placement names.
+		held, ok := p.spec.As(p.place.Alternative)
+		if !ok {
+			problems = append(problems, fmt.Sprintf("pod %s holds alternative %d, but it has %d", p.spec.Name, p.place.Alternative, len(p.spec.Alternatives)))
+		}
+		want := held.WholeGPUs()
+		if held.Fractional() {
 			want = 1
 		}
 		if len(p.place.GPUs) != want {
-			problems = append(problems, fmt.Sprintf("pod %s asks for %d GPUs but got %v", p.spec.Name, want, p.place.GPUs))
+			problems = append(problems, fmt.Sprintf("pod %s asks for %d GPUs but got %v%s", p.spec.Name, want, p.place.GPUs, altSuffix(p.place.Alternative)))
 		}
 		if use[n.Name] == nil {
 			use[n.Name] = map[int]*gpuUse{}
@@ -431,12 +457,12 @@ func (r *runner) checkCapacity(extra []*simPod, final bool) []string {
 				u = &gpuUse{modes: map[core.Sharing]bool{}}
 				use[n.Name][g] = u
 			}
-			if p.spec.Fractional() {
+			if held.Fractional() {
 				u.shared = append(u.shared, p.spec.Name)
 				if i < len(p.place.GPUMemory) {
 					u.mem += p.place.GPUMemory[i]
 				}
-				u.modes[core.Sharing(p.spec.Sharing)] = true
+				u.modes[core.Sharing(held.Sharing)] = true
 			} else {
 				u.exclusive = append(u.exclusive, p.spec.Name)
 			}
@@ -489,7 +515,17 @@ func placementString(p core.Placement) string {
 	if p.Sharing != "" {
 		fmt.Fprintf(&b, " %s", p.Sharing)
 	}
+	b.WriteString(altSuffix(p.Alternative))
 	return b.String()
+}
+
+// altSuffix names the alternative a placement holds, "" for the pod's own
+// request.
+func altSuffix(alt int) string {
+	if alt == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (alternative %d)", alt)
 }
 
 func intsString(v []int) string {

@@ -86,6 +86,28 @@ type Pod struct {
 	CPUMilli     int64
 	Memory       int64
 	Running      *Placement
+	// Alternatives are the GPU requests the pod takes, in order, when its
+	// own fits no node (core.Pod.Alternatives); only their GPU fields
+	// (GPUMilli, GPUMemory, MinGPUMemory, Sharing, NVLinkReq) are set.
+	// Running pods hold their own request.
+	Alternatives []Pod
+}
+
+// As is the pod as it is while it holds request alt (core.Placement's
+// Alternative): 0 its own, i its Alternatives[i-1], whose GPU fields replace
+// the pod's. ok is false when the pod has no such alternative.
+func (p *Pod) As(alt int) (q *Pod, ok bool) {
+	if alt == 0 {
+		return p, true
+	}
+	if alt < 0 || alt > len(p.Alternatives) {
+		return p, false
+	}
+	a := &p.Alternatives[alt-1]
+	c := *p
+	c.GPUMilli, c.GPUMemory, c.MinGPUMemory, c.Sharing, c.NVLinkReq = a.GPUMilli, a.GPUMemory, a.MinGPUMemory, a.Sharing, a.NVLinkReq
+	c.Alternatives = nil
+	return &c, true
 }
 
 // WholeGPUs is the number of whole GPUs the pod asks for (0 for fractions).
