@@ -81,6 +81,26 @@ type pgPod struct {
 	// Where the file says the pod already runs ("": pending).
 	runNode string
 	runGPUs []int
+	// alts are the pod's alternatives (Pod.Alternatives), in order; only
+	// their GPU fields (whole, milli, gmem, sharing, nvreq) are set.
+	alts []pgPod
+}
+
+// as is the pod while it holds request alt (core.Placement's Alternative):
+// 0 its own, i its alts[i-1], whose GPU fields replace the pod's. ok is
+// false when it has no such alternative.
+func (p *pgPod) as(alt int) (q *pgPod, ok bool) {
+	if alt == 0 {
+		return p, true
+	}
+	if alt < 0 || alt > len(p.alts) {
+		return p, false
+	}
+	a := &p.alts[alt-1]
+	c := *p
+	c.whole, c.milli, c.gmem, c.sharing, c.nvreq = a.whole, a.milli, a.gmem, a.sharing, a.nvreq
+	c.alts = nil
+	return &c, true
 }
 
 func (p *pgPod) fraction() bool { return p.milli > 0 || p.gmem > 0 }
@@ -126,7 +146,11 @@ type pgGPUUse struct {
 }
 
 type pgGen struct {
-	r        *rand.Rand
+	r *rand.Rand
+	// alt draws the pods' alternatives, from its own stream, so that the
+	// main stream (r), and with it everything else a seed generates, is
+	// what it was before alternatives were generated.
+	alt      *rand.Rand
 	sc       *pgScenario
 	use      map[string][]pgGPUUse
 	cpuUsed  map[string]int64
@@ -154,7 +178,7 @@ func (g *pgGen) shuffledNodes() []*pgNode {
 
 // generateProperty builds the scenario of one seed: its model and its YAML.
 func generateProperty(seed uint64) *pgScenario {
-	g := &pgGen{r: rand.New(rand.NewPCG(seed, 0x7e55e7a)), use: map[string][]pgGPUUse{}, cpuUsed: map[string]int64{}, memUsed: map[string]int64{}}
+	g := &pgGen{r: rand.New(rand.NewPCG(seed, 0x7e55e7a)), alt: rand.New(rand.NewPCG(seed, 0xa17e5)), use: map[string][]pgGPUUse{}, cpuUsed: map[string]int64{}, memUsed: map[string]int64{}}
 	sc := &pgScenario{seed: seed, name: fmt.Sprintf("property-%d", seed)}
 	if os.Getenv("TESSERA_PROPERTY_MODE") == "reclaim" {
 		g.reclaimy = true
@@ -415,7 +439,72 @@ func (g *pgGen) genGroup() pgGroup {
 		p.mem = g.pick64(4, 16, 32, 64) * pgGi
 		parts = append(parts, "memory: "+pgBytes(p.mem))
 	}
+	if kind != "cpu" && g.alt.Float64() < 0.15 {
+		var alts []string
+		for k := 0; k < 1+g.alt.IntN(2); k++ {
+			a, y := g.genAlternative(&p)
+			p.alts = append(p.alts, a)
+			alts = append(alts, "{"+y+"}")
+		}
+		parts = append(parts, "alternatives: ["+strings.Join(alts, ", ")+"]")
+	}
 	return pgGroup{count: count, proto: p, yaml: strings.Join(parts, ", ")}
+}
+
+// genAlternative draws one alternative for p, from g.alt only: fewer whole
+// GPUs (NVLink required now and then when several), a fraction given as a
+// share or as GPU memory in either sharing mode, or, for a fraction, one
+// whole GPU. It returns the model and the YAML fields.
+func (g *pgGen) genAlternative(p *pgPod) (pgPod, string) {
+	r := g.alt
+	var a pgPod
+	var parts []string
+	var kinds []string
+	if p.whole > 1 {
+		kinds = append(kinds, "whole", "whole")
+	}
+	if p.fraction() {
+		kinds = append(kinds, "whole")
+	}
+	kinds = append(kinds, "share", "memory")
+	switch kinds[r.IntN(len(kinds))] {
+	case "whole":
+		var sizes []int
+		for _, s := range []int{1, 1, 2, 4} {
+			if p.fraction() && s == 1 || s < p.whole && s <= g.maxGPUs {
+				sizes = append(sizes, s)
+			}
+		}
+		a.whole = sizes[r.IntN(len(sizes))]
+		parts = append(parts, fmt.Sprintf("gpu: %d", a.whole))
+		if a.whole >= 2 && r.Float64() < 0.5 {
+			a.nvreq = true
+			parts = append(parts, "nvlink: required")
+		}
+	case "share":
+		a.milli = []int64{250, 500, 750}[r.IntN(3)]
+		parts = append(parts, "gpu: "+pgMilli(a.milli))
+	default:
+		var sizes []int64
+		for _, s := range []int64{8, 10, 20, 40} {
+			if s*pgGi <= g.maxGPUMe {
+				sizes = append(sizes, s*pgGi)
+			}
+		}
+		a.gmem = sizes[r.IntN(len(sizes))]
+		parts = append(parts, "gpuMemory: "+pgBytes(a.gmem))
+	}
+	if a.fraction() {
+		a.sharing = "mps"
+		switch x := r.Float64(); {
+		case x < 0.4:
+			a.sharing = "timeslice"
+			parts = append(parts, "sharing: timeslice")
+		case x < 0.5:
+			parts = append(parts, "sharing: mps")
+		}
+	}
+	return a, strings.Join(parts, ", ")
 }
 
 func (g *pgGen) genJobs() {

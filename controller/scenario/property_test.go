@@ -116,7 +116,7 @@ func TestProperty(t *testing.T) {
 	t.Logf("decisions and checks over %d seeds: %v", ran, total)
 	// Only when the seeds ran, not one picked with -run.
 	if ran >= propertySeedsShort {
-		for _, k := range []string{"bind allocate", "bind pipelined", "evict preempt", "evict reclaim", "evict consolidate",
+		for _, k := range []string{"bind allocate", "bind pipelined", "bind alternative", "evict preempt", "evict reclaim", "evict consolidate",
 			"fair share gpu", "fair share cpu", "fair share memory", "reclaim rule", "settle"} {
 			if total[k] == 0 {
 				t.Errorf("no %q in %d seeds", k, ran)
@@ -181,13 +181,33 @@ func TestPropertyGeneratorCovers(t *testing.T) {
 				if p.runNode != "" {
 					seen["running pod"]++
 				}
+				if len(p.alts) > 0 {
+					seen["alternatives"]++
+					if p.runNode != "" {
+						seen["running pod with alternatives"]++
+					}
+				}
+				for _, a := range p.alts {
+					switch {
+					case a.milli > 0:
+						seen["share alternative"]++
+					case a.gmem > 0:
+						seen["memory alternative"]++
+					default:
+						seen["whole alternative"]++
+					}
+					if a.nvreq {
+						seen["nvlink alternative"]++
+					}
+				}
 			}
 		}
 	}
 	for _, k := range []string{"cpu or memory quota", "gpu limit", "queue depth 1", "queue depth 2", "queue depth 3",
 		"long run", "consolidation off", "spread", "preemptible job", "non-preemptible job", "minMember below pods",
 		"share fraction", "memory fraction", "cpu-only pod", "1-GPU pod", "2-GPU pod", "4-GPU pod", "8-GPU pod",
-		"timeslice", "nvlink required", "running pod"} {
+		"timeslice", "nvlink required", "running pod", "alternatives", "running pod with alternatives",
+		"share alternative", "memory alternative", "whole alternative", "nvlink alternative"} {
 		if seen[k] == 0 {
 			t.Errorf("no %s in the first %d seeds", k, propertySeedsShort)
 		}
@@ -260,6 +280,7 @@ type podView struct {
 	node  string
 	gpus  []int
 	milli []int64 // per-GPU share the placement says (the snapshot's input)
+	alt   int     // the request the placement holds (core.Placement's Alternative)
 }
 
 func (v podView) placed() bool { return v.state != StatePending }
@@ -327,7 +348,7 @@ func runProperty(sc *pgScenario) ([]pViolation, string, map[string]int) {
 		for _, p := range r.pods {
 			v := podView{state: p.state}
 			if p.state != StatePending {
-				v.node, v.gpus, v.milli = p.place.Node, slices.Clone(p.place.GPUs), slices.Clone(p.place.GPUMilli)
+				v.node, v.gpus, v.milli, v.alt = p.place.Node, slices.Clone(p.place.GPUs), slices.Clone(p.place.GPUMilli), p.place.Alternative
 			}
 			m[p.spec.Name] = v
 		}
@@ -446,6 +467,16 @@ func (ck *propChecker) checkSpec(s *Spec) bool {
 				(p.Running != nil && (p.Running.Node != mp.runNode || !slices.Equal(run, mp.runGPUs))) {
 				bad("pod %s loaded as %+v, generated %+v", p.Name, p, *mp)
 			}
+			if len(p.Alternatives) != len(mp.alts) {
+				bad("pod %s loaded with %d alternatives, generated %d", p.Name, len(p.Alternatives), len(mp.alts))
+				continue
+			}
+			for i, a := range p.Alternatives {
+				ma := mp.alts[i]
+				if a.GPUMilli != int64(ma.whole)*1000+ma.milli || a.GPUMemory != ma.gmem || a.MinGPUMemory != 0 || a.Sharing != ma.sharing || a.NVLinkReq != ma.nvreq {
+					bad("pod %s alternative %d loaded as %+v, generated %+v", p.Name, i+1, a, ma)
+				}
+			}
 		}
 	}
 	if npods != len(ck.pods) {
@@ -555,12 +586,24 @@ func (ck *propChecker) checkCapacity(hs []holder, when string) {
 	}
 }
 
+// held is p as it is while its placement holds request alt (its own or one
+// of its alternatives): what it takes of GPUs, and its sharing mode, are
+// that request's. An alternative p does not have is reported and p's own
+// request is used.
+func (ck *propChecker) held(p *pgPod, alt int) *pgPod {
+	q, ok := p.as(alt)
+	if !ok {
+		ck.bad("engine", "pod %s holds alternative %d, but it has %d", p.name, alt, len(p.alts))
+	}
+	return q
+}
+
 func (ck *propChecker) holders(view map[string]podView) []holder {
 	var hs []holder
 	for _, j := range ck.sc.jobs {
 		for _, p := range j.pods {
 			if v := view[p.name]; v.placed() {
-				hs = append(hs, holder{pod: p, node: v.node, gpus: v.gpus})
+				hs = append(hs, holder{pod: ck.held(p, v.alt), node: v.node, gpus: v.gpus})
 			}
 		}
 	}
@@ -595,6 +638,7 @@ func (ck *propChecker) allocation(view map[string]podView, nonPreemptibleOnly bo
 			if !v.placed() {
 				continue
 			}
+			p := ck.held(p, v.alt)
 			var gpu float64
 			switch {
 			case p.milli > 0:
@@ -707,8 +751,11 @@ func (ck *propChecker) checkCycle(before, after map[string]podView, res *core.Re
 		if b.Pipelined {
 			ck.seen["bind pipelined"]++
 		}
+		if b.Placement.Alternative > 0 {
+			ck.seen["bind alternative"]++
+		}
 		if !b.Pipelined {
-			immediate = append(immediate, holder{pod: p, node: b.Placement.Node, gpus: b.Placement.GPUs})
+			immediate = append(immediate, holder{pod: ck.held(p, b.Placement.Alternative), node: b.Placement.Node, gpus: b.Placement.GPUs})
 		}
 		// preemptionPolicy: Never jobs wait for free capacity.
 		if p.job.never && b.Action != core.ActionAllocate {
@@ -735,6 +782,9 @@ func (ck *propChecker) checkCycle(before, after map[string]podView, res *core.Re
 			ck.bad("engine", "eviction of pod %s, which was %s", e.Pod, before[e.Pod].state)
 		}
 		ck.seen["evict "+string(e.Action)]++
+		if before[e.Pod].alt > 0 {
+			ck.seen["evict alternative holder"]++
+		}
 		V := p.job
 		// The job the reason names, if it names one the scenario has.
 		var X *pgJob
@@ -836,12 +886,20 @@ func (ck *propChecker) checkHeld(before map[string]podView, res *core.Result) {
 		owner string // the job the placement is for
 	}
 	var places []place
+	// The request each placement holds (a moved pod keeps the one it held).
+	heldAs := func(name string, alt int) *pgPod {
+		if p := ck.pods[name]; p != nil {
+			q, _ := p.as(alt) // a bad alternative is reported by the capacity check
+			return q
+		}
+		return nil
+	}
 	for _, b := range res.Binds {
-		places = append(places, place{pod: ck.pods[b.Pod], node: b.Placement.Node, gpus: b.Placement.GPUs, owner: b.Job})
+		places = append(places, place{pod: heldAs(b.Pod, b.Placement.Alternative), node: b.Placement.Node, gpus: b.Placement.GPUs, owner: b.Job})
 	}
 	for _, e := range res.Evictions {
 		if e.MoveTo != nil {
-			places = append(places, place{pod: ck.pods[e.Pod], node: e.MoveTo.Node, gpus: e.MoveTo.GPUs, owner: owner[e.Pod]})
+			places = append(places, place{pod: heldAs(e.Pod, e.MoveTo.Alternative), node: e.MoveTo.Node, gpus: e.MoveTo.GPUs, owner: owner[e.Pod]})
 		}
 	}
 	// use is what p takes of one GPU of n, in milli × the GPU's bytes (a
@@ -897,8 +955,9 @@ func (ck *propChecker) checkHeld(before map[string]podView, res *core.Result) {
 			if !v.placed() || n == nil {
 				continue
 			}
+			hp, _ := p.as(v.alt)
 			for _, k := range keysOf(v.node, v.gpus) {
-				u := use(p, n, dimOf(k))
+				u := use(hp, n, dimOf(k))
 				used[k] += u
 				if o, ok := owner[p.name]; ok {
 					if pool[k] == nil {
@@ -979,7 +1038,7 @@ func (ck *propChecker) checkReclaimRule(before map[string]podView, res *core.Res
 				continue
 			}
 			if e.MoveTo != nil {
-				view[e.Pod] = podView{state: StateNominated, node: e.MoveTo.Node, gpus: slices.Clone(e.MoveTo.GPUs), milli: slices.Clone(e.MoveTo.GPUMilli)}
+				view[e.Pod] = podView{state: StateNominated, node: e.MoveTo.Node, gpus: slices.Clone(e.MoveTo.GPUs), milli: slices.Clone(e.MoveTo.GPUMilli), alt: e.MoveTo.Alternative}
 			} else {
 				view[e.Pod] = podView{state: StatePending}
 			}
@@ -1002,7 +1061,7 @@ func (ck *propChecker) checkReclaimRule(before map[string]podView, res *core.Res
 			if b.Pipelined {
 				st = StateNominated
 			}
-			view[b.Pod] = podView{state: st, node: b.Placement.Node, gpus: slices.Clone(b.Placement.GPUs), milli: slices.Clone(b.Placement.GPUMilli)}
+			view[b.Pod] = podView{state: st, node: b.Placement.Node, gpus: slices.Clone(b.Placement.GPUs), milli: slices.Clone(b.Placement.GPUMilli), alt: b.Placement.Alternative}
 			if plan > 0 && (X == nil || b.Job != X.name || b.Action != core.ActionReclaim) {
 				mixed = true
 			}
@@ -1092,6 +1151,12 @@ func (ck *propChecker) checkFairShare(before map[string]podView, res *core.Resul
 	for _, j := range ck.sc.jobs {
 		for _, p := range j.pods {
 			v := before[p.name]
+			// Demand is allocated + pending: a placed pod counts the request
+			// its placement holds, a pending one its own (core README,
+			// Alternatives).
+			if v.placed() {
+				p, _ = p.as(v.alt)
+			}
 			var gpu int64
 			switch {
 			case p.milli > 0:
