@@ -2,6 +2,8 @@ package kube
 
 import (
 	"context"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -14,6 +16,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
 	gpuconfig "github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	"github.com/tessera-gpu/tessera/controller/core"
@@ -168,4 +171,29 @@ func (f fakeClasses) Get(name string) (*resourceapi.DeviceClass, error) {
 		}
 	}
 	return nil, assert.AnError
+}
+
+// The README's prioritized-list example is a valid ResourceClaimTemplate
+// (strict decoding) and Tessera reads it as written: one whole GPU, else a
+// 20Gi MPS share.
+func TestReadmePrioritizedListExample(t *testing.T) {
+	doc, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	s := string(doc)
+	at := strings.Index(s, "kind: ResourceClaimTemplate")
+	require.Positive(t, at, "README.md has no ResourceClaimTemplate example")
+	start := strings.LastIndex(s[:at], "```yaml\n") + len("```yaml\n")
+	end := start + strings.Index(s[start:], "```")
+	var tmpl resourceapi.ResourceClaimTemplate
+	require.NoError(t, yaml.UnmarshalStrict([]byte(s[start:end]), &tmpl))
+
+	classes := map[string]*resourceapi.DeviceClass{
+		"gpu.tessera.dev":     class("gpu.tessera.dev", gpuconfig.Exclusive),
+		"mps.gpu.tessera.dev": class("mps.gpu.tessera.dev", gpuconfig.MPS),
+	}
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c"}, Spec: tmpl.Spec.Spec}
+	got, err := podGPURequest([]*resourceapi.ResourceClaim{c}, func(n string) *resourceapi.DeviceClass { return classes[n] })
+	require.NoError(t, err)
+	assert.Equal(t, core.Request{GPUs: 1}, got.req)
+	assert.Equal(t, []core.Request{{GPUMemory: 20 << 30, Sharing: core.SharingMPS}}, got.alts)
 }
