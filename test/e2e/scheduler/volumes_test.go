@@ -36,13 +36,13 @@ func TestVolumes(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	pvc := func(name, class, volume string) {
+	sizedPVC := func(name, class, volume, size string) {
 		t.Helper()
 		c := &v1.PersistentVolumeClaim{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
 			Spec: v1.PersistentVolumeClaimSpec{
 				AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
-				Resources:   v1.VolumeResourceRequirements{Requests: v1.ResourceList{v1.ResourceStorage: resource.MustParse("1Gi")}},
+				Resources:   v1.VolumeResourceRequirements{Requests: v1.ResourceList{v1.ResourceStorage: resource.MustParse(size)}},
 				VolumeName:  volume,
 			},
 		}
@@ -50,6 +50,25 @@ func TestVolumes(t *testing.T) {
 			c.Spec.StorageClassName = &class
 		}
 		if _, err := e.client.CoreV1().PersistentVolumeClaims(e.ns).Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pvc := func(name, class, volume string) { t.Helper(); sizedPVC(name, class, volume, "1Gi") }
+	// localPV is a pre-created local volume of class on node.
+	localPV := func(name, class, node, size string) {
+		t.Helper()
+		if _, err := e.client.CoreV1().PersistentVolumes().Create(e.ctx, &v1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-" + name},
+			Spec: v1.PersistentVolumeSpec{
+				Capacity:                      v1.ResourceList{v1.ResourceStorage: resource.MustParse(size)},
+				AccessModes:                   []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
+				PersistentVolumeReclaimPolicy: v1.PersistentVolumeReclaimRetain,
+				StorageClassName:              class,
+				PersistentVolumeSource:        v1.PersistentVolumeSource{Local: &v1.LocalVolumeSource{Path: "/mnt/nvme"}},
+				NodeAffinity: &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchExpressions: []v1.NodeSelectorRequirement{
+					{Key: "kubernetes.io/hostname", Operator: v1.NodeSelectorOpIn, Values: []string{node}}}}}}},
+			},
+		}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -72,19 +91,7 @@ func TestVolumes(t *testing.T) {
 
 	t.Run("a bound volume's node affinity", func(t *testing.T) {
 		// vol-b is the fuller node now, so bin-packing alone would pick it.
-		if _, err := e.client.CoreV1().PersistentVolumes().Create(e.ctx, &v1.PersistentVolume{
-			ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-local-a"},
-			Spec: v1.PersistentVolumeSpec{
-				Capacity:                      v1.ResourceList{v1.ResourceStorage: resource.MustParse("1Gi")},
-				AccessModes:                   []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
-				PersistentVolumeReclaimPolicy: v1.PersistentVolumeReclaimRetain,
-				StorageClassName:              "manual",
-				PersistentVolumeSource:        v1.PersistentVolumeSource{Local: &v1.LocalVolumeSource{Path: "/mnt/data"}},
-				NodeAffinity:                  &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchExpressions: []v1.NodeSelectorRequirement{{Key: "kubernetes.io/hostname", Operator: v1.NodeSelectorOpIn, Values: []string{"vol-a"}}}}}}},
-			},
-		}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		localPV("local-a", "manual", "vol-a", "1Gi")
 		pvc("data-a", "manual", e.ns+"-local-a")
 		e.createPod(podSpec{name: "pinned-volume", claim: &gpuClaim{}, pvc: "data-a"})
 		e.waitBound("pinned-volume")
@@ -105,26 +112,9 @@ func TestVolumes(t *testing.T) {
 		}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		localPV := func(name, node, size string) {
-			t.Helper()
-			if _, err := e.client.CoreV1().PersistentVolumes().Create(e.ctx, &v1.PersistentVolume{
-				ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-" + name},
-				Spec: v1.PersistentVolumeSpec{
-					Capacity:                      v1.ResourceList{v1.ResourceStorage: resource.MustParse(size)},
-					AccessModes:                   []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
-					PersistentVolumeReclaimPolicy: v1.PersistentVolumeReclaimRetain,
-					StorageClassName:              e.ns + "-local",
-					PersistentVolumeSource:        v1.PersistentVolumeSource{Local: &v1.LocalVolumeSource{Path: "/mnt/nvme"}},
-					NodeAffinity: &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchExpressions: []v1.NodeSelectorRequirement{
-						{Key: "kubernetes.io/hostname", Operator: v1.NodeSelectorOpIn, Values: []string{node}}}}}}},
-				},
-			}, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		localPV("nvme-a0", "vol-a", "1Gi")
-		localPV("nvme-a1", "vol-a", "1Gi")
-		localPV("nvme-b-small", "vol-b", "100Mi") // too small for the claims
+		localPV("nvme-a0", e.ns+"-local", "vol-a", "1Gi")
+		localPV("nvme-a1", e.ns+"-local", "vol-a", "1Gi")
+		localPV("nvme-b-small", e.ns+"-local", "vol-b", "100Mi") // too small for the claims
 		for i, claim := range []string{"nvme-0", "nvme-1"} {
 			pvc(claim, e.ns+"-local", "")
 			name := fmt.Sprintf("local-%d", i)
@@ -280,20 +270,7 @@ func TestVolumes(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		sized := func(name, size string) {
-			t.Helper()
-			if _, err := e.client.CoreV1().PersistentVolumeClaims(e.ns).Create(e.ctx, &v1.PersistentVolumeClaim{
-				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
-				Spec: v1.PersistentVolumeClaimSpec{
-					StorageClassName: ptr.To(class),
-					AccessModes:      []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
-					Resources:        v1.VolumeResourceRequirements{Requests: v1.ResourceList{v1.ResourceStorage: resource.MustParse(size)}},
-				},
-			}, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		sized("fast-1", "20Gi")
+		sizedPVC("fast-1", class, "", "20Gi")
 		e.createPod(podSpec{name: "capacity-1", pvc: "fast-1"})
 		e.waitBound("capacity-1")
 		if n := e.pod("capacity-1").Spec.NodeName; n != y {
@@ -309,28 +286,15 @@ func TestVolumes(t *testing.T) {
 
 		// A pre-created volume of the class serves a claim whatever the
 		// published capacity says.
-		if _, err := e.client.CoreV1().PersistentVolumes().Create(e.ctx, &v1.PersistentVolume{
-			ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-nvme-precreated"},
-			Spec: v1.PersistentVolumeSpec{
-				Capacity:                      v1.ResourceList{v1.ResourceStorage: resource.MustParse("300Gi")},
-				AccessModes:                   []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
-				PersistentVolumeReclaimPolicy: v1.PersistentVolumeReclaimRetain,
-				StorageClassName:              class,
-				PersistentVolumeSource:        v1.PersistentVolumeSource{Local: &v1.LocalVolumeSource{Path: "/mnt/nvme"}},
-				NodeAffinity: &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchExpressions: []v1.NodeSelectorRequirement{
-					{Key: "kubernetes.io/hostname", Operator: v1.NodeSelectorOpIn, Values: []string{y}}}}}}},
-			},
-		}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		sized("fast-3", "300Gi")
+		localPV("nvme-precreated", class, y, "300Gi")
+		sizedPVC("fast-3", class, "", "300Gi")
 		e.createPod(podSpec{name: "capacity-3", pvc: "fast-3"})
 		e.waitBound("capacity-3")
 		if n := e.pod("capacity-3").Spec.NodeName; n != y {
 			t.Fatalf("capacity-3 on %s; its pre-created volume is on %s", n, y)
 		}
 
-		sized("fast-2", "200Gi")
+		sizedPVC("fast-2", class, "", "200Gi")
 		e.createPod(podSpec{name: "capacity-2", pvc: "fast-2"})
 		want := `PersistentVolumeClaim "fast-2" needs 200Gi of storage class "` + class + `"; the most its CSI driver can provision on any node is 50Gi (CSIStorageCapacity)`
 		e.eventually("capacity-2 pending with its reason", 60*time.Second, func() (bool, string) {
