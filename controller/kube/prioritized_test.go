@@ -53,24 +53,17 @@ func TestPodGPURequestFirstAvailable(t *testing.T) {
 		}
 		return out
 	}
-	tests := []struct {
-		name    string
-		claims  []*resourceapi.ResourceClaim
-		want    core.Request
-		alts    []core.Request
-		choices []subrequestChoice
-		err     string
-	}{
+	tests := []gpuRequestCase{
 		{name: "two GPUs, else one", claims: []*resourceapi.ResourceClaim{firstAvailable("c", whole("two", 2), whole("one", 1))},
-			want: core.Request{GPUs: 2}, alts: []core.Request{{GPUs: 1}}, choices: choices("c", "two", "one")},
+			want: core.Request{GPUs: 2}, alts: []core.Request{{GPUs: 1}}, choices: choices("c", "two", "one"), tessera: true},
 		{name: "a whole GPU, else a 40Gi MPS share", claims: []*resourceapi.ResourceClaim{firstAvailable("c", whole("whole", 1), share("share", "40Gi"))},
-			want: core.Request{GPUs: 1}, alts: []core.Request{{GPUMemory: 40 << 30, Sharing: core.SharingMPS}}, choices: choices("c", "whole", "share")},
+			want: core.Request{GPUs: 1}, alts: []core.Request{{GPUMemory: 40 << 30, Sharing: core.SharingMPS}}, choices: choices("c", "whole", "share"), tessera: true},
 		{name: "one subrequest: no alternatives", claims: []*resourceapi.ResourceClaim{firstAvailable("c", whole("one", 0))},
-			want: core.Request{GPUs: 1}, choices: choices("c", "one")},
+			want: core.Request{GPUs: 1}, choices: choices("c", "one"), tessera: true},
 		{name: "the pod's other requests count in every alternative", claims: []*resourceapi.ResourceClaim{
 			claim("x", resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev", Count: 2}),
 			firstAvailable("c", whole("four", 4), whole("two", 2)),
-		}, want: core.Request{GPUs: 6}, alts: []core.Request{{GPUs: 4}}, choices: choices("c", "four", "two")},
+		}, want: core.Request{GPUs: 6}, alts: []core.Request{{GPUs: 4}}, choices: choices("c", "four", "two"), tessera: true},
 		{name: "other drivers' subrequests only: left to the allocator", claims: []*resourceapi.ResourceClaim{
 			firstAvailable("c", resourceapi.DeviceSubRequest{Name: "nic", DeviceClassName: "nic.example.com"}),
 		}},
@@ -92,20 +85,7 @@ func TestPodGPURequestFirstAvailable(t *testing.T) {
 		{name: "two prioritized lists", claims: []*resourceapi.ResourceClaim{firstAvailable("c", whole("one", 1)), firstAvailable("d", whole("one", 1))},
 			err: `claim d request "gpu": tessera-scheduler supports one firstAvailable request for GPUs per pod; c/gpu is another`},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := podGPURequest(tc.claims, lookup)
-			if tc.err != "" {
-				require.ErrorContains(t, err, tc.err)
-				return
-			}
-			require.NoError(t, err)
-			assert.Equal(t, tc.want, got.req)
-			assert.Equal(t, tc.alts, got.alts)
-			assert.Equal(t, tc.choices, got.choices)
-			assert.Equal(t, tc.want.GPUs > 0 || tc.want.IsFraction(), got.tessera)
-		})
-	}
+	checkGPURequests(t, lookup, tests)
 }
 
 // The commit's allocator, on the slice narrowed to the GPU the core chose,

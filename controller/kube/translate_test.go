@@ -162,13 +162,7 @@ func TestPodGPURequest(t *testing.T) {
 	mem := func(q string) *resourceapi.CapacityRequirements {
 		return &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{capacityMemory: resource.MustParse(q)}}
 	}
-	tests := []struct {
-		name    string
-		claims  []*resourceapi.ResourceClaim
-		want    core.Request
-		tessera bool
-		err     string
-	}{
+	tests := []gpuRequestCase{
 		{name: "one whole GPU by default", claims: []*resourceapi.ResourceClaim{claim("c", resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev"})}, want: core.Request{GPUs: 1}, tessera: true},
 		{name: "counts add up over claims", claims: []*resourceapi.ResourceClaim{
 			claim("c1", resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev", Count: 2}),
@@ -188,6 +182,24 @@ func TestPodGPURequest(t *testing.T) {
 		}, err: "not both"},
 		{name: "allocation mode All", claims: []*resourceapi.ResourceClaim{claim("c", resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev", AllocationMode: resourceapi.DeviceAllocationModeAll})}, err: "allocationMode All"},
 	}
+	checkGPURequests(t, lookup, tests)
+}
+
+// gpuRequestCase is one row of podGPURequest's tables: what the pod's
+// claims translate to (its own request, its alternatives and the
+// subrequest of each), or the error.
+type gpuRequestCase struct {
+	name    string
+	claims  []*resourceapi.ResourceClaim
+	want    core.Request
+	alts    []core.Request
+	choices []subrequestChoice
+	tessera bool
+	err     string
+}
+
+func checkGPURequests(t *testing.T, lookup classLookup, tests []gpuRequestCase) {
+	t.Helper()
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := podGPURequest(tc.claims, lookup)
@@ -197,6 +209,8 @@ func TestPodGPURequest(t *testing.T) {
 			}
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, got.req)
+			assert.Equal(t, tc.alts, got.alts)
+			assert.Equal(t, tc.choices, got.choices)
 			assert.Equal(t, tc.tessera, got.tessera)
 		})
 	}
