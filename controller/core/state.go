@@ -135,14 +135,19 @@ type podState struct {
 	// then Pod.Alternatives), validated, with their feasibility hooks and
 	// shapes; nil when it has no alternatives. alt is the one in use: req,
 	// feasible and shape are alts[alt]'s (setAlt).
-	alts        []Request
-	altFeasible []func(node string, gpu int) bool
-	altShapes   []string
-	alt         int
+	alts []podRequest
+	alt  int
 	// held marks a stand-in that keeps an evicted pod's unused capacity
 	// taken until the end of the cycle (session.holdFreed); it belongs to
 	// no queue and makes no decision.
 	held bool
+}
+
+// podRequest is one of a pod's requests with what follows from it.
+type podRequest struct {
+	req      Request
+	feasible func(node string, gpu int) bool
+	shape    string
 }
 
 type jobState struct {
@@ -740,9 +745,7 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 	ps.res[ResGPU] = s.pendingGPU(&r)
 	ps.shape = shapeKey(ps)
 	if len(p.Alternatives) > 0 {
-		ps.alts = []Request{r}
-		ps.altFeasible = []func(string, int) bool{p.Feasible}
-		ps.altShapes = []string{ps.shape}
+		ps.alts = []podRequest{{req: r, feasible: p.Feasible, shape: ps.shape}}
 		for i, a := range p.Alternatives {
 			ar := a.Request
 			ar.CPU, ar.Memory, ar.Other = r.CPU, r.Memory, r.Other
@@ -754,10 +757,9 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 			if f == nil {
 				f = p.Feasible
 			}
-			ps.alts = append(ps.alts, ar)
-			ps.altFeasible = append(ps.altFeasible, f)
+			// shapeKey reads the pod's request in use and its alt.
 			ps.req, ps.feasible, ps.alt = ar, f, i+1
-			ps.altShapes = append(ps.altShapes, shapeKey(ps))
+			ps.alts = append(ps.alts, podRequest{req: ar, feasible: f, shape: shapeKey(ps)})
 		}
 		ps.req, ps.feasible, ps.alt = r, p.Feasible, 0
 		if k := p.Placement.Alternative; k != 0 && p.Phase != PodPending && p.Phase != "" {
@@ -828,7 +830,8 @@ func (s *session) pendingGPU(r *Request) int64 {
 // setAlt makes the pod's k-th request (0: Pod.Request) the one in use. A
 // pending pod's res follows it; a placed pod's is set by place.
 func (s *session) setAlt(p *podState, k int) {
-	p.alt, p.req, p.feasible, p.shape = k, p.alts[k], p.altFeasible[k], p.altShapes[k]
+	a := &p.alts[k]
+	p.alt, p.req, p.feasible, p.shape = k, a.req, a.feasible, a.shape
 	if p.node == nil {
 		p.res[ResGPU] = s.pendingGPU(&p.req)
 	}
