@@ -240,8 +240,9 @@ type Placement struct {
 type Alternative struct {
 	// Request's GPU fields replace the pod's (see Pod.Alternatives).
 	Request Request
-	// Feasible, when not nil, replaces Pod.Feasible while this alternative
-	// is tried (a DRA subrequest has device selectors of its own).
+	// Feasible is Pod.Feasible while this alternative is tried or held
+	// (a DRA subrequest has device selectors of its own); nil: no check,
+	// as for a pod without one.
 	Feasible func(node string, gpu int) bool
 }
 

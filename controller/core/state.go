@@ -753,13 +753,9 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 			if err != nil {
 				return nil, fmt.Errorf("alternative %d: %w", i+1, err)
 			}
-			f := a.Feasible
-			if f == nil {
-				f = p.Feasible
-			}
 			// shapeKey reads the pod's request in use and its alt.
-			ps.req, ps.feasible, ps.alt = ar, f, i+1
-			ps.alts = append(ps.alts, podRequest{req: ar, feasible: f, shape: shapeKey(ps)})
+			ps.req, ps.feasible, ps.alt = ar, a.Feasible, i+1
+			ps.alts = append(ps.alts, podRequest{req: ar, feasible: a.Feasible, shape: shapeKey(ps)})
 		}
 		ps.req, ps.feasible, ps.alt = r, p.Feasible, 0
 		if k := p.Placement.Alternative; k != 0 && p.Phase != PodPending && p.Phase != "" {

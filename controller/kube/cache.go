@@ -428,11 +428,6 @@ func (s *Scheduler) alternatives(pod *v1.Pod, e *podEntry, idx *cycleIndex) ([]c
 		if err != nil {
 			return nil, fmt.Errorf("claim %s request %q subrequest %q: %w", ch.claim, ch.request, ch.subrequest, err)
 		}
-		if f == nil {
-			// Nothing to check for this one; nil would mean the pod's
-			// own check (the first subrequest's selectors).
-			f = func(string, int) bool { return true }
-		}
 		out = append(out, core.Alternative{Request: r, Feasible: f})
 	}
 	return out, nil

@@ -200,12 +200,7 @@ func (r *runner) snapshot(now time.Time) *core.Snapshot {
 			cp := core.Pod{Name: sp.spec.Name, Request: request(sp.spec), Feasible: r.leastMemory(sp.spec)}
 			for i := range sp.spec.Alternatives {
 				a, _ := sp.spec.As(i + 1)
-				ca := core.Alternative{Request: request(a), Feasible: r.leastMemory(a)}
-				if ca.Feasible == nil && cp.Feasible != nil {
-					// nil would take the pod's own check.
-					ca.Feasible = func(string, int) bool { return true }
-				}
-				cp.Alternatives = append(cp.Alternatives, ca)
+				cp.Alternatives = append(cp.Alternatives, core.Alternative{Request: request(a), Feasible: r.leastMemory(a)})
 			}
 			switch sp.state {
 			case StatePending:
