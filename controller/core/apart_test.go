@@ -76,9 +76,7 @@ func TestAntiAffinityPreempt(t *testing.T) {
 func TestAntiAffinityUnknownTerm(t *testing.T) {
 	snap := &Snapshot{Nodes: []Node{node("a", 1)}, Queues: []Queue{NewQueue("q", "")},
 		Jobs: []Job{{Name: "j", Queue: "q", Pods: []Pod{{Name: "p", Avoids: []string{"nope"}}}}}}
-	_, err := Schedule(snap, Config{})
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), `anti-affinity term "nope" is not in the snapshot's PodTerms`)
+	assert.Contains(t, invalidReason(t, snap, "p"), `anti-affinity term "nope" is not in the snapshot's PodTerms`)
 }
 
 const zone = "topology.kubernetes.io/zone"
@@ -180,6 +178,5 @@ func TestTopologySpread(t *testing.T) {
 
 	snap := &Snapshot{Nodes: []Node{node("a", 1)}, PodTerms: map[string]string{"web": zone}, Queues: []Queue{NewQueue("q", "")},
 		Jobs: []Job{{Name: "j", Queue: "q", Pods: []Pod{{Name: "p", Spread: []SpreadConstraint{{Term: "web", MaxSkew: 0}}}}}}}
-	_, err := Schedule(snap, Config{})
-	assert.ErrorContains(t, err, `spread term "web": maxSkew 0 must be at least 1`)
+	assert.Contains(t, invalidReason(t, snap, "p"), `spread term "web": maxSkew 0 must be at least 1`)
 }

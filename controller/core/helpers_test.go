@@ -81,7 +81,24 @@ func mustSchedule(t interface {
 	if err != nil {
 		t.Fatalf("schedule: %v", err)
 	}
+	if len(r.Problems) > 0 {
+		t.Fatalf("schedule: the snapshot has problems: %v", r.Problems)
+	}
 	return r
+}
+
+// invalidReason schedules a snapshot whose pod is invalid and returns the
+// reason it waits with; the cycle itself must not fail.
+func invalidReason(t *testing.T, s *Snapshot, pod string) string {
+	t.Helper()
+	r, err := Schedule(s, Config{})
+	if err != nil {
+		t.Fatalf("schedule: one invalid pod failed the cycle: %v", err)
+	}
+	if len(r.Problems) == 0 {
+		t.Fatalf("schedule: no problem reported for the invalid pod %s", pod)
+	}
+	return pendingReason(r, pod)
 }
 
 func countBinds(r *Result, jobName string) int {

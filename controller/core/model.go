@@ -49,6 +49,24 @@ type Resources [NumResources]int64
 // Unlimited is the value of a quota or limit that never binds (-1 in DESIGN.md).
 const Unlimited int64 = -1
 
+// The largest amounts the core accepts, so that no sum it makes can wrap
+// (DESIGN.md, "Why pending"): adapters read outside input against them.
+const (
+	// MaxAmount bounds each amount of a pod's request and of a node, in the
+	// resource's unit (milli-CPU, bytes, milli-GPU, other units): 2^46, that
+	// is 64Ti of memory or about 70 billion CPUs, so that the sum over 2^17
+	// pods (more than a Kubernetes cluster holds) stays below 2^63.
+	MaxAmount int64 = 1 << 46
+	// MaxGPUs bounds Request.GPUs.
+	MaxGPUs = 1 << 16
+	// MaxQueueAmount bounds a queue's quota and limit (they are compared,
+	// never summed).
+	MaxQueueAmount int64 = 1 << 62
+	// MaxWeight bounds a queue's OverQuotaWeight (siblings' weights are
+	// summed).
+	MaxWeight int64 = 1 << 32
+)
+
 // Snapshot is the whole input of one cycle. The core does not keep it or
 // modify it.
 type Snapshot struct {
@@ -363,6 +381,19 @@ type Result struct {
 	Jobs map[string]JobStatus
 	// Timings of each step, in order.
 	Timings []Timing
+	// Problems are what the snapshot held that the core could not take as
+	// given, and what it did instead: a queue or job left out (its pending
+	// pods are in Pending with the reason), a placed pod it could not read
+	// (its capacity is still counted, conservatively), a node's broken GPU.
+	// One bad object never fails the cycle.
+	Problems []Problem
+}
+
+// Problem is one object of the snapshot the core could not take as given.
+type Problem struct {
+	// Object names it: "queue q", "job j", "pod p", "node n", "term t".
+	Object string
+	Reason string
 }
 
 // Bind places a pending pod.

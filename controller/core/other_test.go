@@ -72,9 +72,7 @@ func TestOtherResources(t *testing.T) {
 func TestOtherResourcesNegative(t *testing.T) {
 	snap := &Snapshot{Nodes: []Node{node("a", 1)}, Queues: []Queue{NewQueue("q", "")},
 		Jobs: []Job{{Name: "j", Queue: "q", Pods: []Pod{{Name: "p", Request: Request{Other: map[string]int64{"pods": -1}}}}}}}
-	_, err := Schedule(snap, Config{})
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "pods: -1 is negative")
+	assert.Contains(t, invalidReason(t, snap, "p"), "pods -1 is negative")
 }
 
 // A preemptor that needs the victim's pod slot waits for the victim to go:

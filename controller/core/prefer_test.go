@@ -1,6 +1,7 @@
 package core
 
 import (
+	"strings"
 	"testing"
 )
 
@@ -105,11 +106,11 @@ func TestPreferences(t *testing.T) {
 func TestPreferencesUnknownTerm(t *testing.T) {
 	snap := &Snapshot{Nodes: []Node{node("a", 1)}, Queues: []Queue{NewQueue("q", "")},
 		Jobs: []Job{{Name: "j", Queue: "q", Pods: []Pod{{Name: "p", Prefers: []PreferredTerm{{Term: "nope", Weight: 1}}}}}}}
-	if _, err := Schedule(snap, Config{}); err == nil {
-		t.Fatal("an unknown preferred term was accepted")
+	if why := invalidReason(t, snap, "p"); !strings.Contains(why, `preferred term "nope"`) {
+		t.Fatalf("an unknown preferred term: reason %q", why)
 	}
 	snap.Jobs[0].Pods[0].Prefers, snap.Jobs[0].Pods[0].Attracts = nil, []PreferredTerm{{Term: "nope", Weight: 1}}
-	if _, err := Schedule(snap, Config{}); err == nil {
-		t.Fatal("an unknown attracting term was accepted")
+	if why := invalidReason(t, snap, "p"); !strings.Contains(why, `attracting term "nope"`) {
+		t.Fatalf("an unknown attracting term: reason %q", why)
 	}
 }

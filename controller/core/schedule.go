@@ -3,15 +3,19 @@ package core
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
 // Schedule runs one scheduling cycle on the snapshot: stale-gang eviction,
 // fair share, then allocate → consolidate → reclaim → preempt, each simulated
 // on a transaction and committed only when its plan holds. It never modifies
-// the snapshot. It returns an error, naming the offending object, when the
-// snapshot is inconsistent (unknown queue or parent, a job in a parent queue,
-// duplicate names, a pod placed on an unknown node or GPU).
+// the snapshot. A queue, job or pod the core cannot take as given (an
+// unknown queue or parent, a job in a parent queue, duplicate names, an
+// invalid request, a pod placed on an unknown node or GPU) fails alone: it
+// is left out with a reason in Result.Problems, its pending pods wait with
+// that reason in Result.Pending, and its placed pods keep their capacity.
+// The error is for a nil snapshot or an unknown Config only.
 func Schedule(snap *Snapshot, cfg Config) (*Result, error) {
 	if snap == nil {
 		return nil, fmt.Errorf("core: nil snapshot")
@@ -86,9 +90,12 @@ func (s *session) result(res *Result) {
 		}
 	}
 	s.markPipelined(res, bound, held)
-	res.Jobs = make(map[string]JobStatus, len(s.jobs))
+	res.Jobs = make(map[string]JobStatus, len(s.jobs)+len(s.rejected))
+	for name, st := range s.rejected {
+		res.Jobs[name] = st
+	}
 	for _, j := range s.jobs {
-		st := JobStatus{Placed: j.placed}
+		st := JobStatus{Placed: j.placed, Pending: j.invalid}
 		for _, p := range j.pods {
 			if p.node == nil {
 				st.Pending++
@@ -107,6 +114,12 @@ func (s *session) result(res *Result) {
 		st.BelowMinMember = j.placed > 0 && j.placed < j.minMember
 		res.Jobs[j.name] = st
 	}
+	if len(s.invalid) > 0 {
+		// By job name then pod order, as the rest.
+		res.Pending = append(res.Pending, s.invalid...)
+		slices.SortStableFunc(res.Pending, func(a, b PendingPod) int { return strings.Compare(a.Job, b.Job) })
+	}
+	res.Problems = s.problems
 	// Pending is kept on leaves (where pods are); a parent reports its
 	// subtree's, as Allocated does.
 	pending := make(map[*queueState]Resources, len(s.queues))

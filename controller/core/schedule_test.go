@@ -261,18 +261,6 @@ func TestStaleGang(t *testing.T) {
 	assert.True(t, r.Jobs["g"].BelowMinMember)
 }
 
-func TestInvalidSnapshot(t *testing.T) {
-	for name, s := range map[string]*Snapshot{
-		"unknown queue":  {Jobs: []Job{job("j", "nope", 100, 1, 1, 0)}},
-		"parent queue":   {Queues: []Queue{queue("p", "", 0, -1, 1), queue("c", "p", 0, -1, 1)}, Jobs: []Job{job("j", "p", 100, 1, 1, 0)}},
-		"unknown parent": {Queues: []Queue{queue("c", "p", 0, -1, 1)}},
-		"unknown node":   {Jobs: []Job{running(job("j", "default", 100, 1, 1, 0), 0, "ghost", 0)}},
-	} {
-		_, err := Schedule(s, Config{})
-		assert.Error(t, err, name)
-	}
-}
-
 func TestDeterministic(t *testing.T) {
 	s := benchReclaimSnapshot(20, 8)
 	a := mustSchedule(t, s, Config{})

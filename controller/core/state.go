@@ -161,6 +161,8 @@ type jobState struct {
 	belowSince  time.Time
 	pods        []*podState
 	placed      int
+	// invalid counts its pending pods left out of the cycle (addPods).
+	invalid int
 	// gated is set when allocate left the job pending for a policy reason
 	// (limit, quota) that evictions cannot change for consolidation.
 	gated bool
@@ -242,6 +244,17 @@ type session struct {
 	failCache map[string]failEntry
 	// heldJob owns the stand-ins of holdFreed: no queue, no decisions.
 	heldJob *jobState
+	// frozenJob owns the stand-ins of placed pods of rejected jobs
+	// (freeze): no queue, no decisions.
+	frozenJob *jobState
+	// problems are what the snapshot held that the core could not take as
+	// given (Result.Problems); invalid are the pods left pending for it.
+	problems []Problem
+	invalid  []PendingPod
+	// badQueues maps the queues left out of the tree to the reason;
+	// rejected are the statuses of the jobs left out (validate.go).
+	badQueues map[string]string
+	rejected  map[string]JobStatus
 	// limitHolds are the heldLimit changes, undone by a rollback past them.
 	limitHolds []limitHold
 	// planStarts are the log positions where the committed evicting plans
@@ -480,10 +493,16 @@ func addRes(dst *Resources, r Resources, sign int64) {
 	}
 }
 
-// newSession validates the snapshot and builds the cycle's state.
+// newSession builds the cycle's state. What it cannot take as given (a
+// queue, job or pod that breaks the model's rules, a node with a broken
+// GPU) fails alone, never the cycle: see validate.go. Only a config the
+// core does not know is an error.
 func newSession(snap *Snapshot, cfg Config) (*session, error) {
 	s := &session{cfg: cfg, now: snap.Now, nodeByN: map[string]*nodeState{}, queueByN: map[string]*queueState{}, failCache: map[string]failEntry{}, shapes: map[string]int{}, searchLeft: sessionSearchBudget}
 	s.heldJob = &jobState{name: "(held capacity)"}
+	s.frozenJob = &jobState{name: "(unreadable pods)"}
+	s.badQueues = map[string]string{}
+	s.rejected = map[string]JobStatus{}
 	if s.cfg.StaleGangTimeout == 0 {
 		s.cfg.StaleGangTimeout = DefaultStaleGangTimeout
 	}
@@ -497,20 +516,31 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 	}
 
 	s.otherNames = otherNames(snap)
-	domains, err := s.indexTerms(snap)
-	if err != nil {
-		return nil, err
+	domains := s.indexTerms(snap)
+	s.addNodes(snap, domains)
+	s.addQueues(snap)
+	s.addJobs(snap)
+	if _, ok := s.scorer.(binPackScorer); ok {
+		s.refiner = newFGDRefiner(s)
 	}
+	return s, nil
+}
 
-	// Nodes, sorted by name so that every tie breaks the same way.
+// addNodes builds the nodes, sorted by name so that every tie breaks the
+// same way. A second node of one name is left out; a GPU listed twice or
+// without memory is left out of its node (a pod placed on it is then
+// frozen: see freeze); amounts out of range are clamped (checkNode).
+func (s *session) addNodes(snap *Snapshot, domains []map[string]*apartCount) {
 	nodes := slices.Clone(snap.Nodes)
-	slices.SortFunc(nodes, func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortStableFunc(nodes, func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
 	for i := range nodes {
 		n := &nodes[i]
 		if _, dup := s.nodeByN[n.Name]; dup {
-			return nil, fmt.Errorf("node %q: listed twice", n.Name)
+			s.problem("node "+n.Name, "listed twice; the first is used")
+			continue
 		}
-		ns := &nodeState{idx: i, name: n.Name, labels: n.Labels, unschedulable: n.Unschedulable, cpu: n.CPU, mem: n.Memory}
+		s.checkNode(n)
+		ns := &nodeState{idx: len(s.nodes), name: n.Name, labels: n.Labels, unschedulable: n.Unschedulable, cpu: n.CPU, mem: n.Memory}
 		if len(s.otherNames) > 0 {
 			ns.other = s.otherVector(n.Other)
 			ns.usedOther = make([]int64, len(s.otherNames))
@@ -530,13 +560,15 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 			}
 		}
 		gpus := slices.Clone(n.GPUs)
-		slices.SortFunc(gpus, func(a, b GPU) int { return a.Index - b.Index })
+		slices.SortStableFunc(gpus, func(a, b GPU) int { return a.Index - b.Index })
 		for k, g := range gpus {
 			if k > 0 && gpus[k-1].Index == g.Index {
-				return nil, fmt.Errorf("node %q: GPU index %d listed twice", n.Name, g.Index)
+				s.problem("node "+n.Name, "GPU index %d listed twice; the first is used", g.Index)
+				continue
 			}
-			if g.Memory <= 0 {
-				return nil, fmt.Errorf("node %q: GPU %d: memory must be positive", n.Name, g.Index)
+			if g.Memory <= 0 || g.Memory > MaxAmount {
+				s.problem("node "+n.Name, "GPU %d: memory %d bytes is not from 1 to %d; the GPU is left out", g.Index, g.Memory, MaxAmount)
+				continue
 			}
 			dom := g.NVLinkDomain
 			if dom == "" {
@@ -565,98 +597,11 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 	}
 	s.terms.nodes = s.nodes
 	slices.SortFunc(s.gpuSizes, func(a, b int64) int { return cmp.Compare(b, a) })
-
-	// Queues: a tree under a virtual root.
-	s.root = &queueState{name: "", depth: 0}
-	queues := slices.Clone(snap.Queues)
-	if len(queues) == 0 {
-		queues = []Queue{NewQueue("default", "")}
-	}
-	slices.SortFunc(queues, func(a, b Queue) int { return strings.Compare(a.Name, b.Name) })
-	for _, q := range queues {
-		if q.Name == "" {
-			return nil, fmt.Errorf("queue: empty name")
-		}
-		if _, dup := s.queueByN[q.Name]; dup {
-			return nil, fmt.Errorf("queue %q: listed twice", q.Name)
-		}
-		qs := &queueState{name: q.Name, priority: q.Priority}
-		for r, qr := range q.Resources {
-			if qr.Quota < Unlimited || qr.Limit < Unlimited || qr.OverQuotaWeight < 0 {
-				return nil, fmt.Errorf("queue %q: %s: quota and limit must be ≥ -1 and weight ≥ 0", q.Name, Resource(r))
-			}
-			qs.quota[r], qs.limit[r], qs.weight[r] = qr.Quota, qr.Limit, qr.OverQuotaWeight
-			qs.limited = qs.limited || qr.Limit != Unlimited
-		}
-		s.queues = append(s.queues, qs)
-		s.queueByN[q.Name] = qs
-	}
-	for i, q := range queues {
-		qs := s.queues[i]
-		if q.Parent == "" {
-			qs.parent = s.root
-		} else if p, ok := s.queueByN[q.Parent]; ok {
-			qs.parent = p
-		} else {
-			return nil, fmt.Errorf("queue %q: unknown parent %q", q.Name, q.Parent)
-		}
-		qs.parent.children = append(qs.parent.children, qs)
-	}
-	// Depths, and a cycle check: every queue must reach the root.
-	for _, q := range s.queues {
-		d := 0
-		for a := q; a != s.root; a = a.parent {
-			d++
-			if d > len(s.queues) {
-				return nil, fmt.Errorf("queue %q: parent chain loops", q.name)
-			}
-		}
-		q.depth = d
-	}
-
-	// Jobs and pods.
-	jobs := slices.Clone(snap.Jobs)
-	slices.SortFunc(jobs, func(a, b Job) int { return strings.Compare(a.Name, b.Name) })
-	podNames := map[string]bool{}
-	for ji := range jobs {
-		j := &jobs[ji]
-		if ji > 0 && jobs[ji-1].Name == j.Name {
-			return nil, fmt.Errorf("job %q: listed twice", j.Name)
-		}
-		q, ok := s.queueByN[j.Queue]
-		if !ok {
-			return nil, fmt.Errorf("job %q: unknown queue %q", j.Name, j.Queue)
-		}
-		if len(q.children) > 0 {
-			return nil, fmt.Errorf("job %q: queue %q is a parent queue; jobs belong in leaf queues", j.Name, j.Queue)
-		}
-		js := &jobState{name: j.Name, queue: q, priority: j.Priority, preemptible: j.Preemptible, neverEvicts: j.NeverEvicts, minMember: j.MinMember, created: j.CreatedAt, belowSince: j.BelowMinMemberSince}
-		if js.minMember <= 0 || js.minMember > len(j.Pods) {
-			js.minMember = max(len(j.Pods), 1)
-		}
-		q.jobs = append(q.jobs, js)
-		s.jobs = append(s.jobs, js)
-		for pi := range j.Pods {
-			p := &j.Pods[pi]
-			if podNames[p.Name] || p.Name == "" {
-				return nil, fmt.Errorf("job %q: pod %q: empty or duplicate name", j.Name, p.Name)
-			}
-			podNames[p.Name] = true
-			ps, err := s.newPod(js, p)
-			if err != nil {
-				return nil, fmt.Errorf("job %q: pod %q: %w", j.Name, p.Name, err)
-			}
-			js.pods = append(js.pods, ps)
-			s.pods = append(s.pods, ps)
-		}
-	}
-	if _, ok := s.scorer.(binPackScorer); ok {
-		s.refiner = newFGDRefiner(s)
-	}
-	return s, nil
 }
 
-// normRequest validates a request's GPU fields and fills their defaults.
+// normRequest validates a request's GPU fields and amounts (none
+// negative, none above MaxGPUs or MaxAmount, so that no sum the core makes
+// can wrap) and fills their defaults.
 func normRequest(r Request) (Request, error) {
 	n := 0
 	if r.GPUs > 0 {
@@ -668,8 +613,17 @@ func normRequest(r Request) (Request, error) {
 	if r.GPUMemory > 0 {
 		n++
 	}
-	if n > 1 || r.GPUs < 0 || r.GPUMilli < 0 || r.GPUMemory < 0 || r.CPU < 0 || r.Memory < 0 {
-		return r, fmt.Errorf("request: set one of GPUs, GPUMilli, GPUMemory, none negative")
+	if n > 1 {
+		return r, fmt.Errorf("request: set one of GPUs (%d), GPUMilli (%d) and GPUMemory (%d), not several", r.GPUs, r.GPUMilli, r.GPUMemory)
+	}
+	for _, a := range []struct {
+		name string
+		v    int64
+		max  int64
+	}{{"GPUs", int64(r.GPUs), MaxGPUs}, {"GPUMilli", r.GPUMilli, MaxAmount}, {"GPUMemory", r.GPUMemory, MaxAmount}, {"CPU", r.CPU, MaxAmount}, {"Memory", r.Memory, MaxAmount}} {
+		if err := checkAmount(a.name, a.v, a.max); err != nil {
+			return r, err
+		}
 	}
 	if r.GPUMilli >= 1000 {
 		return r, fmt.Errorf("request: GPUMilli %d must be below 1000 (use GPUs for whole GPUs)", r.GPUMilli)
@@ -690,12 +644,15 @@ func normRequest(r Request) (Request, error) {
 	return r, nil
 }
 
-func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
+// readPod validates a pod and builds its state, without counting it
+// anywhere yet (admitPod does): a job is admitted only when all its pending
+// pods are valid. For a placed pod, pl is its placement resolved.
+func (s *session) readPod(j *jobState, p *Pod) (ps *podState, pl *plan, err error) {
 	r, err := normRequest(p.Request)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	ps := &podState{name: p.Name, job: j, req: r, selector: p.NodeSelector, models: p.GPUModels, feasible: p.Feasible, pinned: p.Pinned, phase: p.Phase, rank: -1, lastOp: -1}
+	ps = &podState{name: p.Name, job: j, req: r, selector: p.NodeSelector, models: p.GPUModels, feasible: p.Feasible, pinned: p.Pinned, phase: p.Phase, rank: -1, lastOp: -1}
 	for _, terms := range []struct {
 		names []string
 		dst   *[]int
@@ -703,7 +660,7 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 		for _, name := range terms.names {
 			k, ok := s.termByN[name]
 			if !ok {
-				return nil, fmt.Errorf("anti-affinity term %q is not in the snapshot's PodTerms", name)
+				return nil, nil, fmt.Errorf("anti-affinity term %q is not in the snapshot's PodTerms", name)
 			}
 			*terms.dst = append(*terms.dst, k)
 		}
@@ -711,31 +668,31 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 	for _, c := range p.Spread {
 		k, ok := s.termByN[c.Term]
 		if !ok {
-			return nil, fmt.Errorf("spread term %q is not in the snapshot's PodTerms", c.Term)
+			return nil, nil, fmt.Errorf("spread term %q is not in the snapshot's PodTerms", c.Term)
 		}
 		if c.MaxSkew < 1 {
-			return nil, fmt.Errorf("spread term %q: maxSkew %d must be at least 1", c.Term, c.MaxSkew)
+			return nil, nil, fmt.Errorf("spread term %q: maxSkew %d must be at least 1", c.Term, c.MaxSkew)
 		}
 		ps.spread = append(ps.spread, spreadState{term: k, maxSkew: c.MaxSkew, minDomains: max(c.MinDomains, 1)})
 	}
 	for _, t := range p.Prefers {
 		k, ok := s.termByN[t.Term]
 		if !ok {
-			return nil, fmt.Errorf("preferred term %q is not in the snapshot's PodTerms", t.Term)
+			return nil, nil, fmt.Errorf("preferred term %q is not in the snapshot's PodTerms", t.Term)
 		}
 		ps.prefers = append(ps.prefers, prefTerm{term: k, weight: t.Weight})
 	}
 	for _, t := range p.Attracts {
 		k, ok := s.termByN[t.Term]
 		if !ok {
-			return nil, fmt.Errorf("attracting term %q is not in the snapshot's PodTerms", t.Term)
+			return nil, nil, fmt.Errorf("attracting term %q is not in the snapshot's PodTerms", t.Term)
 		}
 		ps.attracts = append(ps.attracts, prefTerm{term: k, weight: t.Weight})
 	}
 	ps.nodeScore = p.NodeScore
 	for name, v := range r.Other {
-		if v < 0 {
-			return nil, fmt.Errorf("request: %s: %d is negative", name, v)
+		if err := checkAmount(name, v, MaxAmount); err != nil {
+			return nil, nil, err
 		}
 		if v > 0 && ps.other == nil {
 			ps.other = s.otherVector(r.Other)
@@ -751,7 +708,7 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 			ar.CPU, ar.Memory, ar.Other = r.CPU, r.Memory, r.Other
 			ar, err := normRequest(ar)
 			if err != nil {
-				return nil, fmt.Errorf("alternative %d: %w", i+1, err)
+				return nil, nil, fmt.Errorf("alternative %d: %w", i+1, err)
 			}
 			// shapeKey reads the pod's request in use and its alt.
 			ps.req, ps.feasible, ps.alt = ar, a.Feasible, i+1
@@ -760,49 +717,57 @@ func (s *session) newPod(j *jobState, p *Pod) (*podState, error) {
 		ps.req, ps.feasible, ps.alt = r, p.Feasible, 0
 		if k := p.Placement.Alternative; k != 0 && p.Phase != PodPending && p.Phase != "" {
 			if k < 0 || k > len(p.Alternatives) {
-				return nil, fmt.Errorf("placement: alternative %d, but the pod has %d", k, len(p.Alternatives))
+				return nil, nil, fmt.Errorf("placement: alternative %d, but the pod has %d", k, len(p.Alternatives))
 			}
 			s.setAlt(ps, k)
 			ps.res[ResGPU] = s.pendingGPU(&ps.req)
 		}
 	} else if p.Placement.Alternative != 0 && p.Phase != PodPending && p.Phase != "" {
-		return nil, fmt.Errorf("placement: alternative %d, but the pod has none", p.Placement.Alternative)
+		return nil, nil, fmt.Errorf("placement: alternative %d, but the pod has none", p.Placement.Alternative)
 	}
 	switch p.Phase {
 	case PodPending, "":
 		ps.phase = PodPending
-		j.queue.pending[ResGPU] += ps.res[ResGPU]
-		j.queue.pending[ResCPU] += r.CPU
-		j.queue.pending[ResMemory] += r.Memory
 	case PodBound, PodRunning, PodReleasing:
-		pl, err := s.resolvePlacement(ps, &p.Placement)
-		if err != nil {
-			return nil, err
-		}
-		res := ps.res
-		res[ResGPU] = 0
-		for _, m := range pl.milli {
-			res[ResGPU] += m
-		}
-		s.place(ps, pl.node, pl.gpus, pl.milli, pl.mem, pl.sharing, res)
-		ps.origNode, ps.origGPUs, ps.origRes, ps.atOrig = pl.node, pl.gpus, res, true
-		ps.origMilli, ps.origMem, ps.origShare = pl.milli, pl.mem, pl.sharing
-		if p.Phase == PodReleasing {
-			// Terminating: it holds the node's capacity but not its job's
-			// or queue's.
-			j.placed--
-			for q := j.queue; q != nil; q = q.parent {
-				addRes(&q.allocated, res, -1)
-				if !j.preemptible {
-					addRes(&q.allocNP, res, -1)
-				}
-			}
-			ps.atOrig = false
+		if pl, err = s.resolvePlacement(ps, &p.Placement); err != nil {
+			return nil, nil, err
 		}
 	default:
-		return nil, fmt.Errorf("unknown phase %q", p.Phase)
+		return nil, nil, fmt.Errorf("unknown phase %q", p.Phase)
 	}
-	return ps, nil
+	return ps, pl, nil
+}
+
+// admitPod counts a pod readPod accepted: a pending pod for its queue's
+// pending, a placed pod where it is.
+func (s *session) admitPod(ps *podState, pl *plan) {
+	j := ps.job
+	if pl == nil {
+		j.queue.pending[ResGPU] += ps.res[ResGPU]
+		j.queue.pending[ResCPU] += ps.req.CPU
+		j.queue.pending[ResMemory] += ps.req.Memory
+		return
+	}
+	res := ps.res
+	res[ResGPU] = 0
+	for _, m := range pl.milli {
+		res[ResGPU] += m
+	}
+	s.place(ps, pl.node, pl.gpus, pl.milli, pl.mem, pl.sharing, res)
+	ps.origNode, ps.origGPUs, ps.origRes, ps.atOrig = pl.node, pl.gpus, res, true
+	ps.origMilli, ps.origMem, ps.origShare = pl.milli, pl.mem, pl.sharing
+	if ps.phase == PodReleasing {
+		// Terminating: it holds the node's capacity but not its job's
+		// or queue's.
+		j.placed--
+		for q := j.queue; q != nil; q = q.parent {
+			addRes(&q.allocated, res, -1)
+			if !j.preemptible {
+				addRes(&q.allocNP, res, -1)
+			}
+		}
+		ps.atOrig = false
+	}
 }
 
 // pendingGPU is what a pending pod asking r counts on GPUs, in milli.
@@ -977,14 +942,16 @@ func otherFits(p *podState, n *nodeState) bool {
 
 // indexTerms numbers the anti-affinity terms and returns an empty domain
 // map per term.
-func (s *session) indexTerms(snap *Snapshot) ([]map[string]*apartCount, error) {
+func (s *session) indexTerms(snap *Snapshot) []map[string]*apartCount {
 	if len(snap.PodTerms) == 0 {
-		return nil, nil
+		return nil
 	}
 	s.termByN = map[string]int{}
 	for name, topo := range snap.PodTerms {
 		if topo == "" {
-			return nil, fmt.Errorf("anti-affinity term %q: empty topology label", name)
+			// Left out: a pod naming it is then invalid on its own.
+			s.problem("term "+name, "empty topology label; the term is left out")
+			continue
 		}
 		s.termNames = append(s.termNames, name)
 	}
@@ -996,7 +963,7 @@ func (s *session) indexTerms(snap *Snapshot) ([]map[string]*apartCount, error) {
 		s.termByN[name] = k
 		domains[k] = map[string]*apartCount{}
 	}
-	return domains, nil
+	return domains
 }
 
 // nearOK reports whether n is in a domain of every term p needs where a

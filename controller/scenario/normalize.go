@@ -119,6 +119,9 @@ func normalizeNodes(in []fileNode) ([]Node, error) {
 			if n.GPUMemory <= 0 {
 				return nil, ferr(p+".gpuMemory", "must be positive, got %s", fn.GPUMemory.raw)
 			}
+			if err := checkMax(n.GPUMemory, fn.GPUMemory.raw); err != nil {
+				return nil, ferr(p+".gpuMemory", "%v", err)
+			}
 		}
 		switch fn.NVLink {
 		case "":
@@ -134,6 +137,9 @@ func normalizeNodes(in []fileNode) ([]Node, error) {
 			if n.CPUMilli < 0 {
 				return nil, ferr(p+".cpu", "must not be negative")
 			}
+			if err := checkMax(n.CPUMilli, ""); err != nil {
+				return nil, ferr(p+".cpu", "%v", err)
+			}
 		}
 		if fn.Memory != nil {
 			if n.Memory, err = parseBytes(fn.Memory.raw); err != nil {
@@ -141,6 +147,9 @@ func normalizeNodes(in []fileNode) ([]Node, error) {
 			}
 			if n.Memory < 0 {
 				return nil, ferr(p+".memory", "must not be negative")
+			}
+			if err := checkMax(n.Memory, ""); err != nil {
+				return nil, ferr(p+".memory", "%v", err)
 			}
 		}
 		count := 1
@@ -200,6 +209,9 @@ func normalizeResource(fr *fileResource, p string, isGPU, isCPU bool) (Resource,
 			}
 			return 0, ferr(p+"."+field, "%s is negative (only -1, meaning unlimited, is allowed)", q.raw)
 		}
+		if v > core.MaxQueueAmount {
+			return 0, ferr(p+"."+field, "%s is above the most the core accepts (%d in its unit)", q.raw, core.MaxQueueAmount)
+		}
 		return v, nil
 	}
 	var err error
@@ -220,6 +232,9 @@ func normalizeResource(fr *fileResource, p string, isGPU, isCPU bool) (Resource,
 		w, err := strconv.ParseInt(strings.TrimSpace(fr.OverQuotaWeight.raw), 10, 64)
 		if err != nil || w < 0 {
 			return r, ferr(p+".overQuotaWeight", "%q is not a whole number ≥ 0", fr.OverQuotaWeight.raw)
+		}
+		if w > core.MaxWeight {
+			return r, ferr(p+".overQuotaWeight", "%d is above the most the core accepts (%d)", w, core.MaxWeight)
 		}
 		r.Weight = w
 	}
@@ -434,6 +449,9 @@ func normalizePod(fp *filePod, pp string, maxGPUs int, maxMem int64) (Pod, int, 
 		if pod.CPUMilli < 0 {
 			return pod, 0, ferr(pp+".cpu", "must not be negative")
 		}
+		if err := checkMax(pod.CPUMilli, ""); err != nil {
+			return pod, 0, ferr(pp+".cpu", "%v", err)
+		}
 	}
 	if fp.Memory != nil {
 		if pod.Memory, err = parseBytes(fp.Memory.raw); err != nil {
@@ -441,6 +459,9 @@ func normalizePod(fp *filePod, pp string, maxGPUs int, maxMem int64) (Pod, int, 
 		}
 		if pod.Memory < 0 {
 			return pod, 0, ferr(pp+".memory", "must not be negative")
+		}
+		if err := checkMax(pod.Memory, ""); err != nil {
+			return pod, 0, ferr(pp+".memory", "%v", err)
 		}
 	}
 	if fp.Running != nil && fp.Running.Node == "" {
@@ -789,4 +810,17 @@ func normalizeExpect(fe *fileExpect, s *Spec) (Expect, error) {
 		e.Queues[name] = eq
 	}
 	return e, nil
+}
+
+// checkMax refuses an amount above core.MaxAmount (in the core's unit):
+// the core would leave such a pod or node out, and a file it would run
+// differently from what it says is refused here instead.
+func checkMax(v int64, raw string) error {
+	if v > core.MaxAmount {
+		if raw == "" {
+			return fmt.Errorf("is above the most the core accepts (%d in its unit)", core.MaxAmount)
+		}
+		return fmt.Errorf("%s is above the most the core accepts (%d in its unit)", raw, core.MaxAmount)
+	}
+	return nil
 }

@@ -282,6 +282,10 @@ func (r *runner) cycle(c int, now time.Time) error {
 	if res == nil {
 		return fmt.Errorf("core returned no result")
 	}
+	if len(res.Problems) > 0 {
+		// The loader refuses what the core would; a problem here is a bug.
+		return fmt.Errorf("core: the snapshot has problems: %s: %s", res.Problems[0].Object, res.Problems[0].Reason)
+	}
 	r.last = res
 
 	var problems []string

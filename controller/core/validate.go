@@ -1,0 +1,355 @@
+package core
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// One bad object fails alone: a queue, job or pod that breaks the model's
+// rules is left out of the cycle with a reason (Result.Problems, and
+// Result.Pending for its pending pods), and the rest is scheduled. Placed
+// pods are never forgotten, since losing a pod's accounting would offer
+// its GPUs twice: a placed pod the core cannot read is frozen (freeze).
+
+// problem records what the core could not take as given.
+func (s *session) problem(object, format string, args ...any) {
+	s.problems = append(s.problems, Problem{Object: object, Reason: fmt.Sprintf(format, args...)})
+}
+
+// checkAmount refuses an amount below 0 or above most, naming it.
+func checkAmount(name string, v, most int64) error {
+	switch {
+	case v < 0:
+		return fmt.Errorf("request: %s %d is negative", name, v)
+	case v > most:
+		return fmt.Errorf("request: %s %d is above the most a pod may ask, %d", name, v, most)
+	}
+	return nil
+}
+
+// clampAmount brings v into [0, MaxAmount]; ok is false when it had to.
+func clampAmount(v int64) (int64, bool) {
+	switch {
+	case v < 0:
+		return 0, false
+	case v > MaxAmount:
+		return MaxAmount, false
+	}
+	return v, true
+}
+
+// checkNode clamps a node's amounts into [0, MaxAmount], recording each it
+// changed: a negative capacity offers nothing, a larger one no more than
+// any pod may ask.
+func (s *session) checkNode(n *Node) {
+	for _, a := range []struct {
+		name string
+		v    *int64
+	}{{"CPU", &n.CPU}, {"Memory", &n.Memory}} {
+		if c, ok := clampAmount(*a.v); !ok {
+			s.problem("node "+n.Name, "%s %d is outside 0..%d; counted as %d", a.name, *a.v, MaxAmount, c)
+			*a.v = c
+		}
+	}
+	var bad []string
+	for name, v := range n.Other {
+		if _, ok := clampAmount(v); !ok {
+			bad = append(bad, name)
+		}
+	}
+	if len(bad) == 0 {
+		return
+	}
+	slices.Sort(bad)
+	other := make(map[string]int64, len(n.Other))
+	for name, v := range n.Other {
+		other[name], _ = clampAmount(v)
+	}
+	for _, name := range bad {
+		s.problem("node "+n.Name, "%s %d is outside 0..%d; counted as %d", name, n.Other[name], MaxAmount, other[name])
+	}
+	n.Other = other
+}
+
+// checkQueue validates a queue's own fields.
+func checkQueue(q *Queue) error {
+	for r, qr := range q.Resources {
+		for _, a := range []struct {
+			name string
+			v    int64
+		}{{"quota", qr.Quota}, {"limit", qr.Limit}} {
+			if a.v < Unlimited || a.v > MaxQueueAmount {
+				return fmt.Errorf("queue %s: %s %s %d must be -1 (unlimited) or from 0 to %d", q.Name, Resource(r), a.name, a.v, MaxQueueAmount)
+			}
+		}
+		if qr.OverQuotaWeight < 0 || qr.OverQuotaWeight > MaxWeight {
+			return fmt.Errorf("queue %s: %s over-quota weight %d must be from 0 to %d", q.Name, Resource(r), qr.OverQuotaWeight, MaxWeight)
+		}
+	}
+	return nil
+}
+
+// addQueues builds the queue tree under a virtual root. A queue that is
+// invalid itself, whose parent is unknown or invalid, or that sits in a
+// parent loop is left out (badQueues), and so are its descendants.
+func (s *session) addQueues(snap *Snapshot) {
+	s.root = &queueState{name: "", depth: 0}
+	queues := slices.Clone(snap.Queues)
+	if len(queues) == 0 {
+		queues = []Queue{NewQueue("default", "")}
+	}
+	slices.SortStableFunc(queues, func(a, b Queue) int { return strings.Compare(a.Name, b.Name) })
+	byName := map[string]*Queue{}
+	var order []*Queue
+	own := map[string]string{}
+	for i := range queues {
+		q := &queues[i]
+		switch {
+		case q.Name == "":
+			s.problem(`queue ""`, "empty name; left out")
+			continue
+		case byName[q.Name] != nil:
+			s.problem("queue "+q.Name, "listed twice; the first is used")
+			continue
+		}
+		byName[q.Name] = q
+		order = append(order, q)
+		if err := checkQueue(q); err != nil {
+			own[q.Name] = err.Error()
+		}
+	}
+	// why is "" for a usable queue, else the reason; memoised.
+	whys := map[string]string{}
+	var why func(q *Queue, depth int) string
+	why = func(q *Queue, depth int) string {
+		if w, ok := whys[q.Name]; ok {
+			return w
+		}
+		w := own[q.Name]
+		switch {
+		case w != "":
+		case depth > len(order):
+			w = fmt.Sprintf("queue %s: parent chain loops", q.Name)
+		case q.Parent == "":
+		case byName[q.Parent] == nil:
+			w = fmt.Sprintf("queue %s: parent %s does not exist", q.Name, q.Parent)
+		default:
+			if pw := why(byName[q.Parent], depth+1); pw != "" {
+				w = fmt.Sprintf("queue %s: its parent is left out (%s)", q.Name, pw)
+			}
+		}
+		whys[q.Name] = w
+		return w
+	}
+	for _, q := range order {
+		if w := why(q, 0); w != "" {
+			s.badQueues[q.Name] = w
+			s.problem("queue "+q.Name, "%s; left out, its jobs wait", w)
+			continue
+		}
+		qs := &queueState{name: q.Name, priority: q.Priority}
+		for r, qr := range q.Resources {
+			qs.quota[r], qs.limit[r], qs.weight[r] = qr.Quota, qr.Limit, qr.OverQuotaWeight
+			qs.limited = qs.limited || qr.Limit != Unlimited
+		}
+		s.queues = append(s.queues, qs)
+		s.queueByN[q.Name] = qs
+	}
+	for _, qs := range s.queues {
+		qs.parent = s.root
+		if p := byName[qs.name].Parent; p != "" {
+			qs.parent = s.queueByN[p]
+		}
+		qs.parent.children = append(qs.parent.children, qs)
+	}
+	for _, q := range s.queues {
+		for a := q; a != s.root; a = a.parent {
+			q.depth++
+		}
+	}
+}
+
+// jobProblem says why a job as a whole cannot be scheduled ("" if it can).
+func (s *session) jobProblem(j *Job, twice bool) string {
+	q := s.queueByN[j.Queue]
+	switch {
+	case j.Name == "":
+		return "job with an empty name"
+	case twice:
+		return fmt.Sprintf("job %s is listed twice", j.Name)
+	case s.badQueues[j.Queue] != "":
+		return fmt.Sprintf("queue %s is invalid: %s", j.Queue, s.badQueues[j.Queue])
+	case q == nil:
+		return fmt.Sprintf("queue %s does not exist", j.Queue)
+	case len(q.children) > 0:
+		return fmt.Sprintf("queue %s is a parent queue; jobs belong in leaf queues", j.Queue)
+	}
+	return ""
+}
+
+// addJobs builds the jobs and their pods. A job that cannot be scheduled
+// as a whole is rejected (rejectJob); a job with an invalid pending pod
+// keeps its placed pods but none of its pending pods is scheduled (gangs
+// are all or nothing).
+func (s *session) addJobs(snap *Snapshot) {
+	jobs := slices.Clone(snap.Jobs)
+	slices.SortStableFunc(jobs, func(a, b Job) int { return strings.Compare(a.Name, b.Name) })
+	podNames := map[string]bool{}
+	for ji := range jobs {
+		j := &jobs[ji]
+		if why := s.jobProblem(j, ji > 0 && jobs[ji-1].Name == j.Name); why != "" {
+			s.rejectJob(j, why, podNames)
+			continue
+		}
+		q := s.queueByN[j.Queue]
+		js := &jobState{name: j.Name, queue: q, priority: j.Priority, preemptible: j.Preemptible, neverEvicts: j.NeverEvicts, minMember: j.MinMember, created: j.CreatedAt, belowSince: j.BelowMinMemberSince}
+		if js.minMember <= 0 || js.minMember > len(j.Pods) {
+			js.minMember = max(len(j.Pods), 1)
+		}
+		q.jobs = append(q.jobs, js)
+		s.jobs = append(s.jobs, js)
+		s.addPods(js, j, podNames)
+	}
+}
+
+// podRead is one pod of a job as readPod saw it.
+type podRead struct {
+	pod *Pod
+	ps  *podState
+	pl  *plan
+	err error
+}
+
+// addPods reads a job's pods and admits them, unless one of its pending
+// pods is invalid: then every pending pod waits with the reason.
+func (s *session) addPods(js *jobState, j *Job, podNames map[string]bool) {
+	reads := make([]podRead, len(j.Pods))
+	blocked := ""
+	for i := range j.Pods {
+		p := &j.Pods[i]
+		r := podRead{pod: p}
+		if p.Name == "" || podNames[p.Name] {
+			r.err = fmt.Errorf("pod %q: empty or duplicate name", p.Name)
+		} else {
+			podNames[p.Name] = true
+			r.ps, r.pl, r.err = s.readPod(js, p)
+		}
+		if r.err != nil && isPending(p) && blocked == "" {
+			blocked = fmt.Sprintf("its job %s cannot be scheduled: pod %s: %v", j.Name, p.Name, r.err)
+		}
+		reads[i] = r
+	}
+	for _, r := range reads {
+		switch {
+		case r.err != nil && !isPending(r.pod):
+			s.freeze(js, r.pod, r.err)
+		case r.err != nil:
+			s.invalid = append(s.invalid, PendingPod{Pod: r.pod.Name, Job: j.Name, Reason: r.err.Error()})
+			js.invalid++
+		case blocked != "" && isPending(r.pod):
+			s.invalid = append(s.invalid, PendingPod{Pod: r.pod.Name, Job: j.Name, Reason: blocked})
+			js.invalid++
+		default:
+			s.admitPod(r.ps, r.pl)
+			js.pods = append(js.pods, r.ps)
+			s.pods = append(s.pods, r.ps)
+		}
+	}
+	if blocked != "" {
+		s.problem("job "+j.Name, "%s; none of its pending pods is scheduled", blocked)
+	}
+}
+
+func isPending(p *Pod) bool { return p.Phase == PodPending || p.Phase == "" }
+
+// rejectJob leaves a job out: its pending pods wait with the reason, its
+// placed pods are frozen where they are.
+func (s *session) rejectJob(j *Job, why string, podNames map[string]bool) {
+	s.problem("job "+j.Name, "%s; left out", why)
+	st := JobStatus{}
+	for i := range j.Pods {
+		p := &j.Pods[i]
+		podNames[p.Name] = true
+		if isPending(p) {
+			s.invalid = append(s.invalid, PendingPod{Pod: p.Name, Job: j.Name, Reason: why})
+			st.Pending++
+			continue
+		}
+		if s.freeze(s.frozenJob, p, fmt.Errorf("%s", why)) {
+			st.Placed++
+		}
+	}
+	if _, ok := s.rejected[j.Name]; !ok && j.Name != "" {
+		s.rejected[j.Name] = st
+	}
+}
+
+// freeze keeps the capacity of a placed pod the core cannot schedule by
+// the rules (its job is rejected, or its request or placement is invalid):
+// a stand-in that no queue counts and no action moves or evicts holds the
+// GPUs its placement names, whole, with its CPU, memory and other
+// resources — or, when those are not readable either, the whole node. It
+// reports whether anything was held (not on an unknown node).
+func (s *session) freeze(j *jobState, p *Pod, cause error) bool {
+	obj := "pod " + p.Name
+	n, ok := s.nodeByN[p.Placement.Node]
+	if !ok {
+		s.problem(obj, "%v; placed on unknown node %q, so nothing is counted for it", cause, p.Placement.Node)
+		return false
+	}
+	h := &podState{name: p.Name, job: j, phase: PodRunning, rank: -1, lastOp: -1, lastDetach: -1}
+	var gpus []int
+	r := p.Request
+	readable := checkAmount("", r.CPU, MaxAmount) == nil && checkAmount("", r.Memory, MaxAmount) == nil
+	for _, v := range r.Other {
+		readable = readable && checkAmount("", v, MaxAmount) == nil
+	}
+	how := "its GPUs are counted as taken whole"
+	if readable {
+		h.req = Request{CPU: r.CPU, Memory: r.Memory}
+		if len(r.Other) > 0 {
+			h.other = s.otherVector(r.Other)
+		}
+		for _, idx := range p.Placement.GPUs {
+			pos := slices.IndexFunc(n.gpus, func(g gpuState) bool { return g.index == idx })
+			if pos >= 0 && !slices.Contains(gpus, pos) {
+				gpus = append(gpus, pos)
+			}
+		}
+		slices.Sort(gpus)
+	} else {
+		// Its amounts cannot be counted: nothing else goes on its node.
+		how = "its whole node is counted as taken"
+		h.req = Request{CPU: n.cpu, Memory: n.mem}
+		h.other = slices.Clone(n.other)
+		for pos := range n.gpus {
+			gpus = append(gpus, pos)
+		}
+	}
+	milli, mem := make([]int64, len(gpus)), make([]int64, len(gpus))
+	for i, pos := range gpus {
+		milli[i], mem[i] = 1000, n.gpus[pos].memory
+	}
+	s.place(h, n, gpus, milli, mem, "", Resources{})
+	s.problem(obj, "%v; placed on node %s, %s", cause, n.name, how)
+	return true
+}
+
+// ValidateRequest says why the core would refuse a pod asking r (nil when
+// it would not): adapters and their tests check what they read against it.
+func ValidateRequest(r Request) error {
+	if _, err := normRequest(r); err != nil {
+		return err
+	}
+	for name, v := range r.Other {
+		if err := checkAmount(name, v, MaxAmount); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ValidateQueue says why the core would leave a queue out for its own
+// fields (nil when it would not); its parent is not looked at.
+func ValidateQueue(q Queue) error { return checkQueue(&q) }
