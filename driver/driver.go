@@ -289,16 +289,17 @@ func (d *Driver) republish(ctx context.Context) {
 }
 
 // devicePluginHeld lists the GPUs of device-plugin entries (any state: a
-// "preparing" entry holds its capacity too); whole wins over shared.
-// Callers hold d.mu.
+// "preparing" entry holds its capacity too); whole wins over shared, and a
+// GPU held whole names its pod: the ledger records the devices the kubelet
+// gave, which is what the controller must count. Callers hold d.mu.
 func (d *Driver) devicePluginHeld() DevicePluginHeld {
 	out := DevicePluginHeld{}
-	for _, p := range d.ckpt.DevicePlugin {
+	for uid, p := range d.ckpt.DevicePlugin {
 		for _, dev := range p.Devices {
 			if dev.Strategy == string(v1alpha1.Exclusive) {
-				out[dev.GPUUUID] = TaintValueWhole
-			} else if out[dev.GPUUUID] == "" {
-				out[dev.GPUUUID] = TaintValueShared
+				out[dev.GPUUUID] = DevicePluginMark{Taint: TaintValueWhole, Pod: uid}
+			} else if out[dev.GPUUUID].Taint == "" {
+				out[dev.GPUUUID] = DevicePluginMark{Taint: TaintValueShared}
 			}
 		}
 	}

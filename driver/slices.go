@@ -45,6 +45,9 @@ const (
 	TaintDevicePlugin = assignment.TaintDevicePlugin
 	TaintValueWhole   = assignment.TaintWhole
 	TaintValueShared  = assignment.TaintShared
+	// AttrDevicePluginPod is, on a GPU held whole by the device plugin, the
+	// UID of the pod the kubelet gave it to (internal/assignment).
+	AttrDevicePluginPod resourceapi.QualifiedName = assignment.AttrDevicePluginPod
 )
 
 // DeviceName is the name of GPU index in the node's pool.
@@ -90,9 +93,17 @@ func SemverVersion(v string) (string, error) {
 // entry is healthy.
 type Health map[string]gpu.HealthEvent
 
+// DevicePluginMark is how a GPU held by device-plugin allocations is marked
+// in the slice: Taint is TaintValueWhole or TaintValueShared; Pod is, for a
+// GPU held whole, the holder's UID (AttrDevicePluginPod).
+type DevicePluginMark struct {
+	Taint string
+	Pod   string
+}
+
 // DevicePluginHeld maps the UUID of a GPU held by device-plugin allocations
-// to TaintValueWhole or TaintValueShared.
-type DevicePluginHeld map[string]string
+// to its mark.
+type DevicePluginHeld map[string]DevicePluginMark
 
 // BuildDevices turns the inventory into ResourceSlice devices, in index
 // order, so that equal inputs give deeply equal output (the ResourceSlice
@@ -103,7 +114,8 @@ func BuildDevices(devs []gpu.Device, health Health, mode string) []resourceapi.D
 }
 
 // BuildDevicesHeld is BuildDevices with the GPUs the device-plugin path
-// holds marked by a TaintDevicePlugin taint each (after the unhealthy one).
+// holds marked by a TaintDevicePlugin taint each (after the unhealthy one)
+// and, when held whole, the holder's UID as AttrDevicePluginPod.
 func BuildDevicesHeld(devs []gpu.Device, health Health, held DevicePluginHeld, mode string) []resourceapi.Device {
 	devs = append([]gpu.Device(nil), devs...)
 	sort.Slice(devs, func(i, j int) bool { return devs[i].Index < devs[j].Index })
@@ -166,8 +178,11 @@ func BuildDevicesHeld(devs []gpu.Device, health Health, held DevicePluginHeld, m
 		if ev, ok := health[g.UUID]; ok && !ev.Healthy {
 			d.Taints = append(d.Taints, UnhealthyTaint(ev))
 		}
-		if v, ok := held[g.UUID]; ok {
-			d.Taints = append(d.Taints, resourceapi.DeviceTaint{Key: TaintDevicePlugin, Value: v, Effect: resourceapi.DeviceTaintEffectNoSchedule})
+		if m, ok := held[g.UUID]; ok {
+			d.Taints = append(d.Taints, resourceapi.DeviceTaint{Key: TaintDevicePlugin, Value: m.Taint, Effect: resourceapi.DeviceTaintEffectNoSchedule})
+			if m.Taint == TaintValueWhole && m.Pod != "" {
+				d.Attributes[AttrDevicePluginPod] = resourceapi.DeviceAttribute{StringValue: ptr.To(m.Pod)}
+			}
 		}
 		out = append(out, d)
 	}

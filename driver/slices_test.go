@@ -133,25 +133,34 @@ func TestBuildDevicesDevicePluginTaint(t *testing.T) {
 		return resourceapi.DeviceTaint{Key: TaintDevicePlugin, Value: v, Effect: resourceapi.DeviceTaintEffectNoSchedule}
 	}
 	unhealthy := resourceapi.DeviceTaint{Key: TaintUnhealthy, Value: "xid-79", Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	const uid = "0f6b7c1e-3a5d-4c2b-9e8f-1a2b3c4d5e6f"
+	whole := DevicePluginMark{Taint: TaintValueWhole, Pod: uid}
+	shared := DevicePluginMark{Taint: TaintValueShared}
 	for _, tc := range []struct {
-		name   string
-		health Health
-		held   DevicePluginHeld
-		want   [][]resourceapi.DeviceTaint // per GPU
+		name    string
+		health  Health
+		held    DevicePluginHeld
+		want    [][]resourceapi.DeviceTaint // per GPU
+		wantPod []string                    // per GPU: its AttrDevicePluginPod, "" for none
 	}{
-		{"nothing held", nil, nil, [][]resourceapi.DeviceTaint{nil, nil}},
-		{"whole", nil, DevicePluginHeld{"GPU-1": TaintValueWhole}, [][]resourceapi.DeviceTaint{nil, {held("whole")}}},
-		{"shared", nil, DevicePluginHeld{"GPU-0": TaintValueShared}, [][]resourceapi.DeviceTaint{{held("shared")}, nil}},
-		{"with the unhealthy taint", Health{"GPU-1": {UUID: "GPU-1", XID: 79}}, DevicePluginHeld{"GPU-1": TaintValueShared},
-			[][]resourceapi.DeviceTaint{nil, {unhealthy, held("shared")}}},
+		{"nothing held", nil, nil, [][]resourceapi.DeviceTaint{nil, nil}, []string{"", ""}},
+		{"whole", nil, DevicePluginHeld{"GPU-1": whole}, [][]resourceapi.DeviceTaint{nil, {held("whole")}}, []string{"", uid}},
+		{"shared", nil, DevicePluginHeld{"GPU-0": shared}, [][]resourceapi.DeviceTaint{{held("shared")}, nil}, []string{"", ""}},
+		{"with the unhealthy taint", Health{"GPU-1": {UUID: "GPU-1", XID: 79}}, DevicePluginHeld{"GPU-1": shared},
+			[][]resourceapi.DeviceTaint{nil, {unhealthy, held("shared")}}, []string{"", ""}},
 		{"released again", Health{"GPU-1": {UUID: "GPU-1", XID: 79}}, DevicePluginHeld{},
-			[][]resourceapi.DeviceTaint{nil, {unhealthy}}},
+			[][]resourceapi.DeviceTaint{nil, {unhealthy}}, []string{"", ""}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := BuildDevicesHeld(devs, tc.health, tc.held, "")
 			require.Len(t, out, 2)
 			for i := range out {
 				assert.Equal(t, tc.want[i], out[i].Taints, out[i].Name)
+				got := ""
+				if a, ok := out[i].Attributes[AttrDevicePluginPod]; ok {
+					got = *a.StringValue
+				}
+				assert.Equal(t, tc.wantPod[i], got, out[i].Name)
 			}
 		})
 	}
@@ -171,10 +180,12 @@ func TestDevicePluginHeld(t *testing.T) {
 	c := claim("ns", "c", "c", []resourceapi.DeviceRequestAllocationResult{r("gpu", node, "gpu-3", "")}, exclusive)
 	prepare(t, d, c)
 	t.Cleanup(func() { unprepare(t, d, c) })
-	assert.Equal(t, DevicePluginHeld{fakeUUID(0): "whole", fakeUUID(1): "whole", fakeUUID(2): "shared"}, d.devicePluginHeld())
+	w := DevicePluginMark{Taint: TaintValueWhole, Pod: "pod-w"}
+	shared := DevicePluginMark{Taint: TaintValueShared}
+	assert.Equal(t, DevicePluginHeld{fakeUUID(0): w, fakeUUID(1): w, fakeUUID(2): shared}, d.devicePluginHeld())
 	_, err = d.ReleasePod(ctx, "pod-w")
 	require.NoError(t, err)
-	assert.Equal(t, DevicePluginHeld{fakeUUID(2): "shared"}, d.devicePluginHeld())
+	assert.Equal(t, DevicePluginHeld{fakeUUID(2): shared}, d.devicePluginHeld())
 }
 
 func TestBuildDevicesFakeProfiles(t *testing.T) {

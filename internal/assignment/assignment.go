@@ -43,6 +43,19 @@ const (
 	TaintDevicePlugin = "gpu.tessera.dev/device-plugin"
 	TaintWhole        = "whole"
 	TaintShared       = "shared"
+
+	// AttrDevicePluginPod is the node's record of which pod holds a GPU
+	// whole through the device plugin: a string device attribute, the
+	// pod's UID, that tessera-node sets in its ResourceSlice on every GPU
+	// with a TaintWhole mark (the GPUs the kubelet really allocated, which
+	// may differ from the assignment: GetPreferredAllocation is only a
+	// preference). tessera-controller counts a bound pod on these GPUs
+	// rather than on its assignment. Only the node's own agent writes its
+	// slice (the chart's tessera-node-own-slices policy), so no user can
+	// forge it. A share needs no record: it always lands on its assigned
+	// GPU. A UID (36 characters) fits the 64-character limit of a string
+	// attribute, and one attribute per GPU the 32 attributes per device.
+	AttrDevicePluginPod = "gpu.tessera.dev/devicePluginPod"
 )
 
 // Sharing modes of a share, as written in the assignment.

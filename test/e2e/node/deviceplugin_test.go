@@ -294,11 +294,26 @@ func dpTaints(slices []resourceapi.ResourceSlice) (held map[string]string, unhea
 	return held, unhealthy
 }
 
+// dpPods reads the node's record of each GPU's whole-GPU device-plugin
+// holder (driver.AttrDevicePluginPod; "" for none).
+func dpPods(slices []resourceapi.ResourceSlice) map[string]string {
+	out := map[string]string{}
+	for name, d := range sliceDevices(slices) {
+		out[name] = ""
+		if a, ok := d.Attributes[driver.AttrDevicePluginPod]; ok && a.StringValue != nil {
+			out[name] = *a.StringValue
+		}
+	}
+	return out
+}
+
 // TestDevicePluginTaints: a pod bound by another scheduler (no assignment)
 // gets whole GPUs, one Allocate per container; every GPU the device plugin
 // holds carries the NoSchedule taint gpu.tessera.dev/device-plugin in the
-// published slice (whole or shared, next to the unhealthy taint), a claim on
-// it is refused naming the pod, and the pod's deletion removes the taints.
+// published slice (whole or shared, next to the unhealthy taint), a GPU
+// held whole names its pod's UID (the node's record the controller counts),
+// a claim on it is refused naming the pod, and the pod's deletion removes the
+// taints and the record.
 func TestDevicePluginTaints(t *testing.T) {
 	ns := "deviceplugin-taint"
 	_, client, e := kwokNode(t, "dp-taint", "a100-pcie-4", ns)
@@ -338,9 +353,10 @@ func TestDevicePluginTaints(t *testing.T) {
 	require.NoError(t, err)
 
 	want := map[string]string{"gpu-0": "whole", "gpu-1": "whole", "gpu-2": "", "gpu-3": "shared"}
+	wantPods := map[string]string{"gpu-0": string(plain.UID), "gpu-1": string(plain.UID), "gpu-2": "", "gpu-3": ""}
 	waitSlices(t, client, e.name, 30*time.Second, func(s []resourceapi.ResourceSlice) bool {
 		held, _ := dpTaints(s)
-		return assert.ObjectsAreEqual(want, held)
+		return assert.ObjectsAreEqual(want, held) && assert.ObjectsAreEqual(wantPods, dpPods(s))
 	})
 
 	// With the unhealthy taint on the same GPU.
@@ -363,9 +379,10 @@ func TestDevicePluginTaints(t *testing.T) {
 	// Deleting the pods removes their taints.
 	require.NoError(t, client.CoreV1().Pods(ns).Delete(ctx, "plain", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}))
 	want = map[string]string{"gpu-0": "", "gpu-1": "", "gpu-2": "", "gpu-3": "shared"}
+	wantPods = map[string]string{"gpu-0": "", "gpu-1": "", "gpu-2": "", "gpu-3": ""}
 	waitSlices(t, client, e.name, 30*time.Second, func(s []resourceapi.ResourceSlice) bool {
 		held, unhealthy := dpTaints(s)
-		return assert.ObjectsAreEqual(want, held) && !unhealthy["gpu-3"]
+		return assert.ObjectsAreEqual(want, held) && !unhealthy["gpu-3"] && assert.ObjectsAreEqual(wantPods, dpPods(s))
 	})
 	require.NoError(t, client.CoreV1().Pods(ns).Delete(ctx, "share", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}))
 	waitSlices(t, client, e.name, 30*time.Second, func(s []resourceapi.ResourceSlice) bool {
