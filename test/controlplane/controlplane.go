@@ -110,6 +110,13 @@ type ControlPlane struct {
 	// extraSchedulers numbers the kube-schedulers StartKubeScheduler runs.
 	extraSchedulers int
 	stopped         bool
+	// apiArgs are kube-apiserver's flags, kept so RestartAPIServer starts it
+	// again exactly as before (same port, etcd, certificates).
+	apiArgs []string
+	// apiDown is set while StopAPIServer has it stopped.
+	apiDown bool
+	// children numbers the processes StartChild runs, by name.
+	children map[string]int
 }
 
 // Start runs a control plane for t and stops it at t's cleanup. It skips the
@@ -331,15 +338,22 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context, etcdPort, port int) 
 		"--profiling=false",
 		"--v=1",
 	}
-	p, err := cp.start("kube-apiserver", "kube-apiserver", append(args, cp.opts.APIServerArgs...)...)
-	if err != nil {
-		return err
-	}
+	cp.apiArgs = append(args, cp.opts.APIServerArgs...)
 	cp.AdminConfig = cp.UserConfig("tessera-admin", "system:masters")
 	cp.RestrictedConfig = cp.UserConfig(RestrictedUser)
+	var err error
 	if cp.KubeconfigPath, err = cp.writeKubeconfig("admin.kubeconfig", cp.AdminConfig); err != nil {
 		return err
 	}
+	p, err := cp.start("kube-apiserver", "kube-apiserver", cp.apiArgs...)
+	if err != nil {
+		return err
+	}
+	return cp.waitAPIServerReady(ctx, p)
+}
+
+// waitAPIServerReady waits for kube-apiserver's /readyz.
+func (cp *ControlPlane) waitAPIServerReady(ctx context.Context, p *process) error {
 	client, err := kubernetes.NewForConfig(cp.AdminConfig)
 	if err != nil {
 		return fmt.Errorf("admin client: %w", err)

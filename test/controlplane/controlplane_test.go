@@ -352,3 +352,36 @@ func TestStartFailureShowsLog(t *testing.T) {
 		require.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH, "%s (pid %d) still running", name, pid)
 	}
 }
+
+// TestRestartAPIServer kills kube-apiserver and starts it again: same URL,
+// same data, and the clients made before (the test's own, and
+// kube-controller-manager's informers) carry on without being rebuilt.
+func TestRestartAPIServer(t *testing.T) {
+	cp := controlplane.Start(t, controlplane.Options{})
+	ctx := t.Context()
+	client := cp.Client(t)
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "before"}, Data: map[string]string{"k": "v"}}
+	_, err := client.CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{})
+	require.NoError(t, err)
+	url := cp.APIServerURL
+
+	for _, kill := range []bool{true, false} {
+		require.NoError(t, cp.StopAPIServer(kill))
+		_, err = client.CoreV1().ConfigMaps("default").Get(ctx, "before", metav1.GetOptions{})
+		require.Error(t, err, "the API server answered while stopped (kill=%v)", kill)
+		require.Error(t, cp.StopAPIServer(kill), "stopping a stopped API server must fail")
+		require.NoError(t, cp.StartAPIServer(ctx))
+		require.Error(t, cp.StartAPIServer(ctx), "starting a running API server must fail")
+		require.Equal(t, url, cp.APIServerURL)
+
+		got, err := client.CoreV1().ConfigMaps("default").Get(ctx, "before", metav1.GetOptions{})
+		require.NoError(t, err, "kill=%v", kill)
+		require.Equal(t, "v", got.Data["k"])
+	}
+	// KCM's informers reconnected: it creates a new namespace's default
+	// ServiceAccount (CreateNamespace waits for it).
+	cp.CreateNamespace(t, "after-restart")
+	// And RestartAPIServer does both steps.
+	cp.RestartAPIServer(t, true, 500*time.Millisecond)
+	cp.CreateNamespace(t, "after-second-restart")
+}

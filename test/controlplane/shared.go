@@ -60,12 +60,14 @@ func (s *Shared) Get(t testing.TB) *ControlPlane {
 }
 
 // Run runs the package's tests (m.Run) and then stops the control plane,
-// keeping its directory and printing its logs' tails when a test failed.
+// keeping its directory and printing its logs' tails when a test failed, and
+// removes what GoBinary built.
 // It returns the exit code for os.Exit.
 func (s *Shared) Run(m *testing.M) int {
 	code := m.Run()
 	if s.cp != nil {
 		s.cp.Stop(code != 0)
 	}
+	RemoveGoBinaries()
 	return code
 }
