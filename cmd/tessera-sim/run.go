@@ -2,10 +2,14 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/tessera-gpu/tessera/controller/scenario"
 )
@@ -16,7 +20,7 @@ func init() {
 	})
 }
 
-const runHelp = `usage: tessera-sim run FILE... [--json] [--trace] [--timing]
+const runHelp = `usage: tessera-sim run FILE... [--json] [--trace] [--timing] [--timeout 5m]
 
 Runs every scenario of every FILE (YAML documents split by ---) through the
 scheduling core and checks its expectations.
@@ -25,11 +29,17 @@ scheduling core and checks its expectations.
   --trace    also print every decision, cycle by cycle (to stderr with --json)
   --timing   record each cycle's wall time in durationMs (otherwise 0, so that
              the same input always gives byte-identical reports)
+  --timeout  stop when the whole run has taken this long (default 5m; 0: no
+             limit), naming the scenario and cycle it reached
 
 exit 0: every expectation held · 1: some expectation failed ·
 2: a file could not be read or is invalid (the message names the file, the
-scenario, the field and why)
+scenario, the field and why), or the run took longer than --timeout
 `
+
+// defaultTimeout bounds a run: the work limit (scenario.MaxWork) keeps a
+// valid file to a few minutes, and this stops one that runs longer anyway.
+const defaultTimeout = 5 * time.Minute
 
 // runScenarios is the run command; it returns the exit code.
 func runScenarios(args []string, stdout, stderr io.Writer) int {
@@ -39,6 +49,7 @@ func runScenarios(args []string, stdout, stderr io.Writer) int {
 	jsonOut := fs.Bool("json", false, "")
 	trace := fs.Bool("trace", false, "")
 	timing := fs.Bool("timing", false, "")
+	timeout := fs.Duration("timeout", defaultTimeout, "")
 	// Flags may come before or after the files.
 	var files []string
 	for len(args) > 0 {
@@ -60,6 +71,10 @@ func runScenarios(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, "tessera-sim run: no scenario file given\n\n"+runHelp)
 		return 2
 	}
+	if *timeout < 0 {
+		fmt.Fprintf(stderr, "tessera-sim run: --timeout %v is negative (0 means no limit)\n", *timeout)
+		return 2
+	}
 	// Every file is read and checked before anything runs: an invalid file
 	// is exit 2 even when it comes after valid ones.
 	var specs []*scenario.Spec
@@ -73,17 +88,34 @@ func runScenarios(args []string, stdout, stderr io.Writer) int {
 	}
 	out := bufio.NewWriter(stdout)
 	defer out.Flush()
+	// The trace goes through a gate that a timeout closes: a scenario given
+	// up on keeps running until its next cycle and must not write then.
+	traceOut := &gate{w: out}
 	opts := scenario.Options{Timing: *timing}
 	if *trace {
-		opts.Trace = out
+		opts.Trace = traceOut
 		if *jsonOut {
-			opts.Trace = stderr
+			opts.Trace = &gate{w: stderr}
 		}
+	}
+	ctx := context.Background()
+	if *timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *timeout)
+		defer cancel()
 	}
 	var reps []*scenario.Report
 	failed := false
 	for _, s := range specs {
-		rep := scenario.Run(s, opts)
+		rep, err := runOne(ctx, s, opts, *timeout)
+		if err != nil {
+			traceOut.close()
+			if g, ok := opts.Trace.(*gate); ok {
+				g.close()
+			}
+			fmt.Fprintf(stderr, "tessera-sim run: %s: %v; use fewer cycles, pods or nodes, or a longer --timeout\n", s.File, err)
+			return 2
+		}
 		failed = failed || !rep.Passed
 		if *jsonOut {
 			if err := scenario.WriteJSON(out, rep); err != nil {
@@ -103,4 +135,52 @@ func runScenarios(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// runOne runs one scenario until it ends or ctx does; then the error names
+// the scenario, the limit and the cycle reached. The core cannot be stopped
+// inside a cycle, so this returns at once and the scenario stops at the
+// cycle's end.
+func runOne(ctx context.Context, s *scenario.Spec, opts scenario.Options, timeout time.Duration) (*scenario.Report, error) {
+	var cycle atomic.Int64
+	opts.OnCycle = func(c int) { cycle.Store(int64(c)) }
+	type result struct {
+		rep *scenario.Report
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rep, err := scenario.RunContext(ctx, s, opts)
+		done <- result{rep, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err == nil {
+			return r.rep, nil
+		}
+	case <-ctx.Done():
+	}
+	return nil, fmt.Errorf("scenario %q: did not finish within --timeout %v (in cycle %d of %d)", s.Name, timeout, max(cycle.Load(), 1), s.Cycles)
+}
+
+// gate is a writer that drops everything once closed.
+type gate struct {
+	mu     sync.Mutex
+	w      io.Writer
+	closed bool
+}
+
+func (g *gate) Write(p []byte) (int, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return len(p), nil
+	}
+	return g.w.Write(p)
+}
+
+func (g *gate) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
 }

@@ -1,6 +1,10 @@
 package scenario
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -22,6 +26,22 @@ func TestParseQuantities(t *testing.T) {
 		got, err := parseMilli(c.in, c.allow)
 		if err != nil || got != c.want {
 			t.Errorf("parseMilli(%q) = %d, %v; want %d", c.in, got, err, c.want)
+		}
+	}
+	// Refused before big.Rat reads them: a fraction, a hex float, and a
+	// long exponent, which big.Rat expands (1e1000000: a quarter second).
+	for _, c := range []struct{ in, want string }{
+		{"1/4", `"1/4" is not a number`},
+		{"0x1p-2", `"0x1p-2" is not a number`},
+		{"1e1000000", `"1e1000000" has an exponent of more than two digits`},
+		{"1e-100", `"1e-100" has an exponent of more than two digits`},
+		{strings.Repeat("1", 65), `"11111111111111111111"... is longer than 64 characters`},
+	} {
+		if _, err := parseMilli(c.in, false); err == nil || err.Error() != c.want {
+			t.Errorf("parseMilli(%q): %v; want %s", c.in, err, c.want)
+		}
+		if _, err := parseBytes(c.in); err == nil || err.Error() != c.want {
+			t.Errorf("parseBytes(%q): %v; want %s", c.in, err, c.want)
 		}
 	}
 	for _, bad := range []string{"0.0001", "x", "500m"} {
@@ -118,5 +138,44 @@ jobs:
 	}
 	if _, ok := p.As(4); ok {
 		t.Error("As(4) should say there is no alternative 4")
+	}
+}
+
+// The work limit (Spec.Work): a scenario at MaxWork loads, one unit of
+// nodes more does not, and the error names the numbers and the limit.
+func TestWorkLimit(t *testing.T) {
+	file := func(nodes int) []byte {
+		return []byte(fmt.Sprintf("name: w\ncycles: 10\nnodes: [{name: dgx, count: %d, gpus: 8}]\njobs: [{name: j, pods: [{count: 50000, gpu: 1}]}]\n", nodes))
+	}
+	specs, err := Parse("w.yaml", file(1000))
+	if err != nil {
+		t.Fatalf("at the limit: %v", err)
+	}
+	if w := specs[0].Work(); w != MaxWork {
+		t.Errorf("work %d, want %d (10 × 50000 × (1000 + 1000))", w, int64(MaxWork))
+	}
+	_, err = Parse("w.yaml", file(1001))
+	want := `w.yaml: scenario "w": cycles: 10 cycles of 50000 pods on 1001 nodes is too much work: 1000500000 units (pod-cycles × (nodes + 1000)), at most 1000000000; use fewer cycles, pods or nodes`
+	if err == nil || err.Error() != want {
+		t.Errorf("above the limit: %v; want %s", err, want)
+	}
+}
+
+// RunContext stops between cycles once its context ends, naming the cycle.
+func TestRunContextStops(t *testing.T) {
+	specs, err := Parse("c.yaml", []byte("name: c\ncycles: 5\nnodes: [{name: dgx, gpus: 8}]\njobs: [{name: j, pods: [{gpu: 1}]}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cycles := 0
+	rep, err := RunContext(ctx, specs[0], Options{OnCycle: func(c int) {
+		if cycles++; c == 2 {
+			cancel()
+		}
+	}})
+	var ce *CycleError
+	if rep != nil || !errors.As(err, &ce) || ce.Cycle != 3 || ce.Cycles != 5 || !errors.Is(err, context.Canceled) || cycles != 2 {
+		t.Fatalf("report %v, error %v after %d cycles; want none and a CycleError before cycle 3 of 5", rep, err, cycles)
 	}
 }

@@ -32,6 +32,11 @@ const (
 	maxGPUsTotal = 200000
 	maxPods      = 200000
 	maxPodCycles = 20000000 // pods × cycles
+	// MaxWork bounds a run's work (Spec.Work): at the 40 to 180 ns a unit
+	// took on a 2-core machine, the largest run allowed takes one to three
+	// minutes. 4,000 nodes and 40,000 pods for 3 cycles are 6·10⁸ units
+	// (24 s); counts alone allowed runs of hours.
+	MaxWork = 1_000_000_000
 	// maxCreatedAt keeps job ages within time.Duration (about 292 years).
 	maxCreatedAt = 1 << 32
 )
@@ -81,6 +86,10 @@ func normalize(fs *fileScenario) (*Spec, error) {
 	}
 	if pods*s.Cycles > maxPodCycles {
 		return nil, ferr("cycles", "%d cycles of %d pods is too long a run (at most %d pod-cycles); use fewer cycles or pods", s.Cycles, pods, maxPodCycles)
+	}
+	if w := s.Work(); w > MaxWork {
+		return nil, ferr("cycles", "%d cycles of %d pods on %d nodes is too much work: %d units (pod-cycles × (nodes + %d)), at most %d; use fewer cycles, pods or nodes",
+			s.Cycles, pods, len(s.Nodes), w, podOverhead, int64(MaxWork))
 	}
 	if err := assignRunning(s); err != nil {
 		return nil, err

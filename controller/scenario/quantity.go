@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/big"
+	"regexp"
 	"strings"
 )
 
@@ -17,12 +18,33 @@ func parseDecimal(s string) (*big.Rat, error) {
 	if s == "" {
 		return nil, fmt.Errorf("empty value")
 	}
+	if len(s) > maxDecimalLen {
+		return nil, fmt.Errorf("%.20q... is longer than %d characters", s, maxDecimalLen)
+	}
+	if !decimalRE.MatchString(s) {
+		if longExponentRE.MatchString(s) {
+			return nil, fmt.Errorf("%q has an exponent of more than two digits", s)
+		}
+		return nil, fmt.Errorf("%q is not a number", s)
+	}
 	r, ok := new(big.Rat).SetString(s)
 	if !ok {
 		return nil, fmt.Errorf("%q is not a number", s)
 	}
 	return r, nil
 }
+
+// decimalRE is what parseDecimal reads: digits with an optional point and
+// an exponent of at most two digits. big.Rat alone would also read
+// fractions ("1/3") and hex floats, and expands any exponent it is given:
+// "1e1000000" took a quarter second and a million digits, so a file of
+// such values loaded for minutes. No field holds a value that needs a
+// longer exponent or more than maxDecimalLen characters.
+var decimalRE = regexp.MustCompile(`^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,2})?$`)
+
+var longExponentRE = regexp.MustCompile(`^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)[eE][+-]?[0-9]{3,}$`)
+
+const maxDecimalLen = 64
 
 func ratToInt64(r *big.Rat, what string) (int64, error) {
 	if !r.IsInt() {

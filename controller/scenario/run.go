@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"slices"
@@ -28,7 +29,24 @@ type Options struct {
 	// Timing records each cycle's wall time in the report; off by default so
 	// that the same input always gives byte-identical reports.
 	Timing bool
+	// OnCycle, when set, is called as each cycle starts, so a caller that
+	// gives up on a long run can say how far it got.
+	OnCycle func(cycle int)
 }
+
+// CycleError is RunContext's error when its context ends: the scenario
+// stopped before the cycle Cycle of Cycles.
+type CycleError struct {
+	Scenario      string
+	Cycle, Cycles int
+	Err           error
+}
+
+func (e *CycleError) Error() string {
+	return fmt.Sprintf("scenario %q: stopped before cycle %d of %d: %v", e.Scenario, e.Cycle, e.Cycles, e.Err)
+}
+
+func (e *CycleError) Unwrap() error { return e.Err }
 
 type simPod struct {
 	job   *Job
@@ -64,19 +82,32 @@ var simEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // Run runs one scenario and checks its expectations.
 func Run(s *Spec, opts Options) *Report {
+	rep, _ := RunContext(context.Background(), s, opts) // never ends: no error
+	return rep
+}
+
+// RunContext is Run that stops between cycles once ctx ends, with a
+// *CycleError and no report.
+func RunContext(ctx context.Context, s *Spec, opts Options) (*Report, error) {
 	r := newRunner(s, opts)
 	var newest int64
 	for _, j := range s.Jobs {
 		newest = max(newest, j.CreatedAt)
 	}
 	for c := 1; c <= s.Cycles; c++ {
+		if err := ctx.Err(); err != nil {
+			return nil, &CycleError{Scenario: s.Name, Cycle: c, Cycles: s.Cycles, Err: err}
+		}
+		if opts.OnCycle != nil {
+			opts.OnCycle(c)
+		}
 		now := simEpoch.Add(time.Duration(newest+int64(c)) * time.Second)
 		if err := r.cycle(c, now); err != nil {
 			r.failures = append(r.failures, fmt.Sprintf("cycle %d: %v", c, err))
 			break
 		}
 	}
-	return r.report()
+	return r.report(), nil
 }
 
 func newRunner(s *Spec, opts Options) *runner {
