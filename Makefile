@@ -7,7 +7,7 @@ COMMANDS := $(notdir $(wildcard cmd/*))
 # Go test timeout: the integration packages start a real control plane.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: real-gpu all build test unit lint controlplane scenarios clean generate scale demo helm chart-sync chart-check
+.PHONY: real-gpu all build test unit lint controlplane scenarios clean generate scale demo helm chart-sync chart-check fuzz
 
 all: build
 
@@ -31,6 +31,13 @@ scenarios:
 	@if [ -d controller/testdata/scenarios ]; then \
 		$(GO) run ./cmd/tessera-sim run controller/testdata/scenarios/*.yaml; \
 	fi
+
+# Fuzzes every Go fuzz target in the repository for FUZZTIME each, one after
+# the other (hack/fuzz.sh finds them); fails when one finds a failing input.
+# `test` runs their seed corpora. FUZZ=regexp picks targets.
+FUZZTIME ?= 10m
+fuzz:
+	FUZZTIME=$(FUZZTIME) hack/fuzz.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -70,48 +70,42 @@ type table struct {
 	col  map[string]int // header name -> index
 }
 
-// openTable opens path and checks that its header has every column of
-// required, each once. Columns may come in any order.
-func openTable(path string, required []string) (*table, func() error, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, nil, err // os names the path
-	}
+// newTable reads the header of the CSV in r (named name in errors) and
+// checks that it has every column of required, each once. Columns may come
+// in any order.
+func newTable(name string, in io.Reader, required []string) (*table, error) {
 	// A byte-order mark (spreadsheets write one) is not part of the first
 	// column's name; drop it before the CSV reader sees a quote after it.
-	br := bufio.NewReader(f)
+	br := bufio.NewReader(in)
 	if bom, err := br.Peek(3); err == nil && string(bom) == "\ufeff" {
 		br.Discard(3)
 	}
 	r := csv.NewReader(br)
 	r.FieldsPerRecord = 0 // every row as wide as the header
 	r.ReuseRecord = true
-	t := &table{path: path, r: r, col: map[string]int{}}
+	t := &table{path: name, r: r, col: map[string]int{}}
 	h, err := r.Read()
 	t.rec = h
 	if err != nil {
-		f.Close()
-		return nil, nil, t.wrap(err)
+		return nil, t.wrap(err)
 	}
-	for i, name := range h {
-		if prev, dup := t.col[name]; dup {
-			f.Close()
-			return nil, nil, t.errAt(i, "header column %d repeats column %d (%q)", i+1, prev+1, name)
+	for i, c := range h {
+		if prev, dup := t.col[c]; dup {
+			return nil, t.errAt(i, "header column %d repeats column %d (%q)", i+1, prev+1, c)
 		}
-		t.col[name] = i
+		t.col[c] = i
 	}
 	var missing []string
-	for _, name := range required {
-		if _, ok := t.col[name]; !ok {
-			missing = append(missing, name)
+	for _, c := range required {
+		if _, ok := t.col[c]; !ok {
+			missing = append(missing, c)
 		}
 	}
 	if len(missing) > 0 {
-		f.Close()
-		return nil, nil, fmt.Errorf("%s:1: header %q lacks column(s) %s (want at least %s)",
-			path, strings.Join(h, ","), strings.Join(missing, ","), strings.Join(required, ","))
+		return nil, fmt.Errorf("%s:1: header %q lacks column(s) %s (want at least %s)",
+			name, strings.Join(h, ","), strings.Join(missing, ","), strings.Join(required, ","))
 	}
-	return t, f.Close, nil
+	return t, nil
 }
 
 // field returns the value of the named column in the current record, and
@@ -188,11 +182,20 @@ func (t *table) name(column, what string, seen map[string]int) (string, error) {
 
 // LoadNodes reads a node list (sn,cpu_milli,memory_mib,gpu,model).
 func LoadNodes(path string) ([]Node, error) {
-	t, closeFn, err := openTable(path, nodeColumns)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err // os names the path
+	}
+	defer f.Close()
+	return ReadNodes(path, f)
+}
+
+// ReadNodes reads a node list from r; name is the file's name in errors.
+func ReadNodes(name string, r io.Reader) ([]Node, error) {
+	t, err := newTable(name, r, nodeColumns)
 	if err != nil {
 		return nil, err
 	}
-	defer closeFn()
 	var nodes []Node
 	seen := map[string]int{}
 	for {
@@ -224,7 +227,7 @@ func LoadNodes(path string) ([]Node, error) {
 		nodes = append(nodes, n)
 	}
 	if len(nodes) == 0 {
-		return nil, fmt.Errorf("%s: no nodes", path)
+		return nil, fmt.Errorf("%s: no nodes", name)
 	}
 	return nodes, nil
 }
@@ -232,11 +235,20 @@ func LoadNodes(path string) ([]Node, error) {
 // LoadPods reads a pod list. gpu_spec is empty (any model) or models
 // joined by "|", e.g. "V100M16|V100M32".
 func LoadPods(path string) ([]Pod, error) {
-	t, closeFn, err := openTable(path, podColumns)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err // os names the path
+	}
+	defer f.Close()
+	return ReadPods(path, f)
+}
+
+// ReadPods reads a pod list from r; name is the file's name in errors.
+func ReadPods(name string, r io.Reader) ([]Pod, error) {
+	t, err := newTable(name, r, podColumns)
 	if err != nil {
 		return nil, err
 	}
-	defer closeFn()
 	var pods []Pod
 	seen := map[string]int{}
 	for {
@@ -283,7 +295,7 @@ func LoadPods(path string) ([]Pod, error) {
 		pods = append(pods, p)
 	}
 	if len(pods) == 0 {
-		return nil, fmt.Errorf("%s: no pods", path)
+		return nil, fmt.Errorf("%s: no pods", name)
 	}
 	return pods, nil
 }
