@@ -392,7 +392,11 @@ func TestCustomProfileInvalid(t *testing.T) {
 		{"bridge range", "gpus:\n- model: l4-24gb\n  count: 2\nnvlink:\n  bridges:\n  - gpus: [0, 2]\n", "nvlink.bridges[0].gpus: index 2 out of range"},
 		{"bridge self", "gpus:\n- model: l4-24gb\n  count: 2\nnvlink:\n  bridges:\n  - gpus: [1, 1]\n", "nvlink.bridges[0].gpus: a GPU cannot be bridged to itself"},
 		{"bridge dup", "gpus:\n- model: l4-24gb\n  count: 2\nnvlink:\n  bridges:\n  - gpus: [0, 1]\n  - gpus: [1, 0]\n", "nvlink.bridges[1].gpus: GPUs 0 and 1 are already bridged"},
-		{"too many links", "gpus:\n- model: l4-24gb\n  count: 2\nnvlink:\n  bridges:\n  - gpus: [0, 1]\n    links: 19\n", "GPU 0 has 19 links"},
+		{"too many links", "gpus:\n- model: l4-24gb\n  count: 2\nnvlink:\n  bridges:\n  - gpus: [0, 1]\n    links: 19\n", "nvlink.bridges[0].links: 19 is out of range (0 to 18, 0 meaning 4)"},
+		{"too many links in all", "gpus:\n- model: l4-24gb\n  count: 3\nnvlink:\n  bridges:\n  - gpus: [0, 1]\n    links: 10\n  - gpus: [0, 2]\n    links: 10\n", "GPU 0 has 20 links"},
+		// Found by FuzzParseProfile: the per-GPU sums overflowed to negative
+		// and passed, and building the fake then made 2⁶² links.
+		{"links that overflow", "gpus: [{model: l4-24gb, count: 3}]\nnvlink: {bridges: [{gpus: [0, 1], links: 4611686018427387904}, {gpus: [1, 2], links: 4611686018427387904}, {gpus: [0, 2], links: 4611686018427387904}]}\n", "nvlink.bridges[0].links: 4611686018427387904 is out of range"},
 		{"switch and bridges", "gpus:\n- model: l4-24gb\n  count: 2\nnvlink:\n  nvswitch: true\n  bridges:\n  - gpus: [0, 1]\n", "either nvswitch or bridges"},
 		{"bad cuda version", "cudaDriverVersion: twelve\ngpus:\n- model: l4-24gb\n", "cudaDriverVersion"},
 	}

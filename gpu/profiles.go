@@ -383,6 +383,11 @@ func (p ProfileSpec) resolve() (*resolvedProfile, error) {
 			if b.GPUs[0] == b.GPUs[1] {
 				return nil, fmt.Errorf("%s.gpus: a GPU cannot be bridged to itself", field)
 			}
+			// Checked here, each bridge alone: the sums below would
+			// overflow for bridges of 2⁶² links and pass their check.
+			if b.Links < 0 || b.Links > nvlinksPerGPU {
+				return nil, fmt.Errorf("%s.links: %d is out of range (0 to %d, 0 meaning 4)", field, b.Links, nvlinksPerGPU)
+			}
 			links := b.Links
 			if links == 0 {
 				links = 4
@@ -399,9 +404,6 @@ func (p ProfileSpec) resolve() (*resolvedProfile, error) {
 		// A GPU's links are shared among its bridges; NVML numbers them 0..N-1.
 		used := make([]int, len(r.gpus))
 		for pair, n := range r.links {
-			if n < 0 {
-				return nil, fmt.Errorf("nvlink.bridges: GPUs %d-%d: links must not be negative", pair[0], pair[1])
-			}
 			used[pair[0]] += n
 			used[pair[1]] += n
 		}
