@@ -7,12 +7,17 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // fuzzWork is the most work (Spec.Work) a fuzzed scenario is run with:
 // a few hundred pod-cycles, about a millisecond, so that fuzzing keeps
 // thousands of executions a second. Larger accepted files are only loaded.
 const fuzzWork = 300_000
+
+// slowInput is far above what any input should take, even on a loaded
+// machine: an input slower than this is a bound missing.
+const slowInput = 10 * time.Second
 
 // FuzzParse feeds the loader what tessera-sim run reads. A file is either
 // refused with an *Error that names the file and says why, or every
@@ -34,6 +39,12 @@ func FuzzParse(f *testing.F) {
 		}
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		start := time.Now()
+		defer func() {
+			if d := time.Since(start); d > slowInput {
+				t.Fatalf("took %v (more than %v): %q", d, slowInput, data)
+			}
+		}()
 		specs, err := Parse("f.yaml", data)
 		if err != nil {
 			var e *Error
