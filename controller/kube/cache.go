@@ -17,7 +17,6 @@ import (
 
 	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
 	"github.com/tessera-gpu/tessera/controller/core"
-	"github.com/tessera-gpu/tessera/internal/assignment"
 )
 
 // cycleIndex remembers, for one cycle, which Kubernetes objects stand behind
@@ -336,15 +335,9 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 				cp.Phase = core.PodReleasing
 			}
 			cp.Placement = allocatedPlacement(nodeName, e.claims, idx.gpus[nodeName])
-			if v, ok := pod.Annotations[AnnotationAssignment]; ok && !adopted {
-				// A device-plugin pod holds what its assignment says.
-				var pl core.Placement
-				if a, err := assignment.Parse(v); err == nil {
-					pl = assignmentPlacement(nodeName, a, idx.gpus[nodeName])
-				} else {
-					s.warnMalformed(pod, v, err)
-					pl = malformedPlacement(nodeName, v, idx.gpus[nodeName])
-				}
+			// A device-plugin pod holds what its node records, else what
+			// its (trusted) assignment says.
+			if pl, ok := s.boundDevicePluginPlacement(pod, e, nodeName, idx.gpus[nodeName]); ok && !adopted {
 				cp.Placement = mergePlacements(cp.Placement, pl)
 				if assigned[nodeName] == nil {
 					assigned[nodeName] = map[int]bool{}

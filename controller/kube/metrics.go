@@ -21,6 +21,10 @@ type Metrics struct {
 	evictions      *prometheus.CounterVec
 	apiErrors      prometheus.Counter
 	bindFailures   prometheus.Counter
+	// Device-plugin pods: assignments not trusted, and node records that
+	// disagree with the assignment (devicePluginPlacement).
+	assignmentsIgnored *prometheus.CounterVec
+	nodeDisagreements  prometheus.Counter
 }
 
 // NewMetrics registers the scheduler's metrics with reg.
@@ -38,9 +42,30 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		evictions:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tessera_evictions_total", Help: "Pods evicted, by the action that evicted them."}, []string{"reason"}),
 		apiErrors:      prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_api_errors_total", Help: "API calls of a commit that failed."}),
 		bindFailures:   prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_bind_failures_total", Help: "Placements the core chose that could not be committed."}),
+		assignmentsIgnored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tessera_assignments_ignored_total",
+			Help: "GPU assignment annotations ignored on bound pods that do not ask for what they assign (counted once per pod and value), by reason."}, []string{"reason"}),
+		nodeDisagreements: prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_device_plugin_disagreements_total",
+			Help: "Device-plugin pods whose node records other GPUs than their assignment (the kubelet chose others); counted once per pod."}),
 	}
-	reg.MustRegister(m.queueFairShare, m.queueAllocated, m.queuePending, m.pendingPods, m.cycle, m.decide, m.action, m.binds, m.evictions, m.apiErrors, m.bindFailures)
+	reg.MustRegister(m.queueFairShare, m.queueAllocated, m.queuePending, m.pendingPods, m.cycle, m.decide, m.action, m.binds, m.evictions, m.apiErrors, m.bindFailures,
+		m.assignmentsIgnored, m.nodeDisagreements)
 	return m
+}
+
+// assignmentIgnored counts an assignment annotation that was not trusted;
+// m may be nil (no metrics).
+func (m *Metrics) assignmentIgnored(reason string) {
+	if m != nil {
+		m.assignmentsIgnored.WithLabelValues(reason).Inc()
+	}
+}
+
+// nodeDisagreed counts a node record that differs from the assignment; m
+// may be nil.
+func (m *Metrics) nodeDisagreed() {
+	if m != nil {
+		m.nodeDisagreements.Inc()
+	}
 }
 
 // quantity converts a core amount to the unit users read: GPUs, cores, bytes.

@@ -49,6 +49,9 @@ const (
 	taintDevicePlugin = assignment.TaintDevicePlugin
 	taintWhole        = assignment.TaintWhole
 	taintShared       = assignment.TaintShared
+	// attrDevicePluginPod is, on a GPU held whole by a device-plugin pod,
+	// that pod's UID: the node's record of what the kubelet gave it.
+	attrDevicePluginPod = assignment.AttrDevicePluginPod
 
 	// finalizerDeleteProtection keeps an allocated claim from being deleted
 	// while a pod may still use it (kube-scheduler uses the same one).

@@ -110,8 +110,9 @@ type Scheduler struct {
 	pdbBlocked map[string]bool
 	pdbExpiry  map[string]time.Time
 	nominated  map[string]nomination
-	// malformed remembers the malformed assignment annotation last
-	// reported on each bound pod (warnMalformed), so it is reported once.
+	// malformed remembers the last device-plugin warning given on each
+	// bound pod (warnOnce: a malformed or ignored assignment, a node record
+	// that disagrees), so it is reported once.
 	malformed map[types.UID]string
 	// pending remembers the reason last written on each pending pod so
 	// unchanged reasons cost no API call.

@@ -11,6 +11,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	resourcehelper "k8s.io/component-helpers/resource"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
@@ -31,6 +32,10 @@ type nodeGPUs struct {
 	// dpHeld maps the device names tessera-node's device plugin holds (its
 	// taintDevicePlugin taint) to taintWhole or taintShared.
 	dpHeld map[string]string
+	// dpPod maps the device names held whole by a device-plugin pod to that
+	// pod's UID: the node's record of what the kubelet gave it
+	// (attrDevicePluginPod, see devicePluginPlacement).
+	dpPod map[string]types.UID
 	// devices by GPU index, for CEL selectors.
 	devices map[int]*resourceapi.Device
 	// pool and generation identify the slices the GPUs came from.
@@ -41,7 +46,7 @@ type nodeGPUs struct {
 // gpusFromSlices reads the Tessera devices of one node's ResourceSlices. Only
 // the newest generation of a pool counts, as the DRA API specifies.
 func gpusFromSlices(slices []*resourceapi.ResourceSlice) *nodeGPUs {
-	out := &nodeGPUs{byDevice: map[string]int{}, tainted: map[string]bool{}, dpHeld: map[string]string{}, devices: map[int]*resourceapi.Device{}}
+	out := &nodeGPUs{byDevice: map[string]int{}, tainted: map[string]bool{}, dpHeld: map[string]string{}, dpPod: map[string]types.UID{}, devices: map[int]*resourceapi.Device{}}
 	for _, s := range slices {
 		if s.Spec.Driver == DriverName && s.Spec.Pool.Generation > out.generation {
 			out.generation = s.Spec.Pool.Generation
@@ -71,6 +76,9 @@ func gpusFromSlices(slices []*resourceapi.ResourceSlice) *nodeGPUs {
 			}
 			if c, ok := d.Capacity[capacityMemory]; ok {
 				g.Memory = c.Value.Value()
+			}
+			if a, ok := d.Attributes[attrDevicePluginPod]; ok && a.StringValue != nil && *a.StringValue != "" {
+				out.dpPod[d.Name] = types.UID(*a.StringValue)
 			}
 			for _, t := range d.Taints {
 				if t.Key == taintDevicePlugin {

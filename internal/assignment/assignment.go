@@ -23,7 +23,13 @@ const (
 	AnnotationGPUSharing = "tessera.dev/gpu-sharing"
 
 	// Annotation holds the controller's Assignment (JSON). It is written
-	// before the pod is bound and never changed afterwards.
+	// before the pod is bound and never changed afterwards. Trust: only
+	// tessera-controller's identity may write it (the
+	// tessera-gpu-assignment admission policy, deploy/rbac), and the
+	// controller reads it only on a pod that asks for what it assigns (as
+	// many GPUs of the GPU resource; a share: ResourceShare and a fraction
+	// annotation). For whole GPUs the node's record (AttrDevicePluginPod)
+	// wins over it.
 	Annotation = "tessera.dev/gpu-assignment"
 
 	// ResourceShare is the extended resource of fraction slots: a pod that

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
@@ -42,6 +43,8 @@ type env struct {
 	ns     string
 	stop   context.CancelFunc
 	sched  *kube.Scheduler
+	// reg holds the running scheduler's metrics.
+	reg *prometheus.Registry
 }
 
 func newEnv(t *testing.T) *env {
@@ -86,7 +89,8 @@ func (e *env) installCRDs() {
 // stopScheduler is called.
 func (e *env) startScheduler(cfg core.Config) {
 	e.t.Helper()
-	s, err := kube.New(kube.Options{Client: e.client, Dynamic: e.dyn, Interval: 200 * time.Millisecond, Core: cfg})
+	e.reg = prometheus.NewRegistry()
+	s, err := kube.New(kube.Options{Client: e.client, Dynamic: e.dyn, Interval: 200 * time.Millisecond, Core: cfg, Metrics: kube.NewMetrics(e.reg)})
 	if err != nil {
 		e.t.Fatal(err)
 	}
