@@ -33,6 +33,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -46,6 +47,7 @@ import (
 	"github.com/tessera-gpu/tessera/controller/webhook"
 	"github.com/tessera-gpu/tessera/deploy/rbac"
 	"github.com/tessera-gpu/tessera/driver/deviceclasses"
+	"github.com/tessera-gpu/tessera/internal/assignment"
 	"github.com/tessera-gpu/tessera/test/controlplane"
 )
 
@@ -276,6 +278,13 @@ func TestHelmTemplateDefaults(t *testing.T) {
 	require.Equal(t, find[*rbacv1.Role](src, "tessera-controller-leader-election").Rules, find[*rbacv1.Role](objs, "tessera-controller-leader-election").Rules)
 	crb := find[*rbacv1.ClusterRoleBinding](objs, "tessera-controller")
 	require.Equal(t, namespace, crb.Subjects[0].Namespace)
+	// The assignment policy, as deploy/rbac ships it, bound with Deny.
+	vap := find[*admissionregistrationv1.ValidatingAdmissionPolicy](objs, "tessera-gpu-assignment")
+	require.NotNil(t, vap)
+	require.Equal(t, find[*admissionregistrationv1.ValidatingAdmissionPolicy](src, "tessera-gpu-assignment").Spec, vap.Spec)
+	vapb := find[*admissionregistrationv1.ValidatingAdmissionPolicyBinding](objs, "tessera-gpu-assignment")
+	require.NotNil(t, vapb)
+	require.Equal(t, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}, vapb.Spec.ValidationActions)
 
 	// Metrics Services.
 	for _, n := range []string{"tessera-controller-metrics", "tessera-node-metrics"} {
@@ -307,6 +316,9 @@ func TestHelmTemplateValues(t *testing.T) {
 	require.Contains(t, dep.Spec.Template.Spec.Containers[0].Args, "--leader-elect-lease-name=my-lease")
 	role := find[*rbacv1.Role](objs, "tessera-controller-leader-election")
 	require.Equal(t, "gpu", role.Namespace)
+	// The assignment policy names the release's controller identity.
+	vap := find[*admissionregistrationv1.ValidatingAdmissionPolicy](objs, "tessera-gpu-assignment")
+	require.Equal(t, `request.userInfo.username == "system:serviceaccount:gpu:tessera-controller"`, vap.Spec.Variables[0].Expression)
 	require.Equal(t, []string{"my-lease"}, role.Rules[1].ResourceNames)
 	require.Nil(t, find[*schedulingv1.PriorityClass](objs, "tessera-train"))
 
@@ -428,6 +440,27 @@ func TestChartOnAPIServer(t *testing.T) {
 	require.NoError(t, err)
 	_, err = ctrlClient.CoordinationV1().Leases(namespace).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "tessera-controller"}}, metav1.CreateOptions{})
 	require.NoError(t, err)
+
+	// Only the controller's identity writes the assignment annotation.
+	// (No kube-controller-manager here: the namespace's default
+	// ServiceAccount, which pod admission looks up, is made by hand.)
+	_, err = client.CoreV1().ServiceAccounts(namespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: namespace},
+		Spec: corev1.PodSpec{SchedulerName: "nobody", Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
+	forged := pod.DeepCopy()
+	forged.Annotations = map[string]string{assignment.Annotation: `{"gpus":[0]}`}
+	require.Eventually(t, func() bool {
+		_, err := client.CoreV1().Pods(namespace).Create(ctx, forged, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil && strings.Contains(err.Error(), "annotation "+assignment.Annotation+" is written by tessera-controller only")
+	}, 30*time.Second, 250*time.Millisecond, "an admin creating a pod with the assignment is denied")
+	_, err = client.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{})
+	require.NoError(t, err)
+	patch := []byte(`{"metadata":{"annotations":{"` + assignment.Annotation + `":"{\"gpus\":[0]}"}}}`)
+	_, err = ctrlClient.CoreV1().Pods(namespace).Patch(ctx, "p", types.MergePatchType, patch, metav1.PatchOptions{})
+	require.NoError(t, err, "the controller writes the assignment")
+	_, err = ctrlClient.CoreV1().Pods(namespace).Patch(ctx, "p", types.MergePatchType, []byte(`{"metadata":{"labels":{"a":"b"}}}`), metav1.PatchOptions{})
+	require.ErrorContains(t, err, "tessera-controller may change only the annotation "+assignment.Annotation)
 }
 
 // TestKindDemoScript checks the kind demo's script parses (it runs where

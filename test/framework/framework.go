@@ -11,8 +11,10 @@ import (
 	"io"
 	"io/fs"
 	"path/filepath"
+	"strings"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,6 +29,7 @@ import (
 	"github.com/tessera-gpu/tessera/api/scheduling/crds"
 	"github.com/tessera-gpu/tessera/deploy/rbac"
 	"github.com/tessera-gpu/tessera/driver/deviceclasses"
+	"github.com/tessera-gpu/tessera/internal/assignment"
 )
 
 // CRDGVR is apiextensions.k8s.io/v1 customresourcedefinitions.
@@ -105,11 +108,14 @@ func ApplyDeviceClasses(ctx context.Context, client kubernetes.Interface) error 
 }
 
 // ApplyControllerRBAC creates every object of deploy/rbac/tessera-controller.yaml,
-// exactly as shipped (the namespace must exist).
+// exactly as shipped (the namespace must exist): the RBAC and the
+// tessera-gpu-assignment admission policy. The API server takes a moment to
+// load the policy; WaitAssignmentPolicy waits for it.
 func ApplyControllerRBAC(ctx context.Context, client kubernetes.Interface) error {
 	sch := runtime.NewScheme()
 	_ = corev1.AddToScheme(sch)
 	_ = rbacv1.AddToScheme(sch)
+	_ = admissionregistrationv1.AddToScheme(sch)
 	decoder := serializer.NewCodecFactory(sch).UniversalDeserializer()
 	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(rbac.ControllerYAML)))
 	for {
@@ -138,11 +144,37 @@ func ApplyControllerRBAC(ctx context.Context, client kubernetes.Interface) error
 			_, err = client.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 		case *rbacv1.RoleBinding:
 			_, err = client.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *admissionregistrationv1.ValidatingAdmissionPolicy:
+			_, err = client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, o, metav1.CreateOptions{})
+		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+			_, err = client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, o, metav1.CreateOptions{})
 		default:
 			err = fmt.Errorf("unexpected kind %T in the RBAC manifests", obj)
 		}
 		if err != nil {
 			return fmt.Errorf("applying RBAC manifest: %w", err)
 		}
+	}
+}
+
+// WaitAssignmentPolicy waits until the API server enforces the
+// tessera-gpu-assignment policy of ApplyControllerRBAC: a dry-run pod
+// carrying the assignment annotation, created by client (not the
+// controller), is denied.
+func WaitAssignmentPolicy(ctx context.Context, client kubernetes.Interface) error {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: rbac.Namespace, Name: "policy-probe", Annotations: map[string]string{assignment.Annotation: `{"gpus":[0]}`}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := client.CoreV1().Pods(rbac.Namespace).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil && strings.Contains(err.Error(), assignment.Annotation) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the %s policy is not enforced 30s after it was created (last answer: %v)", "tessera-gpu-assignment", err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
