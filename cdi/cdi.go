@@ -7,9 +7,10 @@
 //
 //	gpu.tessera.dev/claim=<claimUID>_<request>_<gpuUUID>
 //
-// which is what the DRA plugin returns to the kubelet. Specs are written with
-// the CDI library (validated, temp file + rename), so a reader never sees a
-// half-written file and writing the same claim twice is harmless.
+// which is what the DRA plugin returns to the kubelet. Specs are validated by
+// the CDI library and written atomically (a temp file of ours, fsync,
+// rename), so a reader never sees a half-written file and writing the same
+// claim twice is harmless.
 package cdi
 
 import (
@@ -115,7 +116,6 @@ type Claim struct {
 // Writer generates, writes, lists and removes claim specs.
 type Writer struct {
 	opts  Options
-	cache *cdiapi.Cache
 	files DriverFiles
 }
 
@@ -134,18 +134,7 @@ func New(opts Options) (*Writer, error) {
 	if err := os.MkdirAll(opts.Root, 0o755); err != nil {
 		return nil, fmt.Errorf("creating CDI spec directory %s: %w", opts.Root, err)
 	}
-	// No auto-refresh: we only write and remove our own specs, and a file
-	// watcher per node agent buys nothing.
-	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(opts.Root), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		// NewCache reports errors of other vendors' specs too; those must not
-		// stop us, as long as the cache exists.
-		if cache == nil {
-			return nil, fmt.Errorf("opening CDI spec directory %s: %w", opts.Root, err)
-		}
-		klog.V(2).InfoS("Ignoring errors in existing CDI specs", "root", opts.Root, "err", err)
-	}
-	w := &Writer{opts: opts, cache: cache}
+	w := &Writer{opts: opts}
 	if !opts.Fake {
 		if opts.DriverFiles != nil {
 			w.files = *opts.DriverFiles
@@ -194,7 +183,7 @@ func (w *Writer) Write(c Claim) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := w.cache.WriteSpec(spec, SpecName(c.UID)); err != nil {
+	if err := w.writeSpec(spec, SpecName(c.UID)); err != nil {
 		return nil, fmt.Errorf("writing CDI spec for claim %s/%s (%s): %w", c.Namespace, c.Name, c.UID, err)
 	}
 	klog.V(2).InfoS("Wrote CDI spec", "claim", klog.KRef(c.Namespace, c.Name), "uid", c.UID, "path", w.SpecPath(c.UID), "devices", ids)
@@ -206,7 +195,7 @@ func (w *Writer) Remove(claimUID string) error {
 	if claimUID == "" {
 		return errors.New("removing CDI spec: empty claim UID")
 	}
-	if err := w.cache.RemoveSpec(SpecName(claimUID)); err != nil {
+	if err := os.Remove(w.SpecPath(claimUID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("removing CDI spec of claim %s: %w", claimUID, err)
 	}
 	klog.V(2).InfoS("Removed CDI spec", "uid", claimUID)

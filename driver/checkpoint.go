@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/tessera-gpu/tessera/internal/killpoint"
 )
 
 // CheckpointVersion is the version of the checkpoint format this build
@@ -310,7 +312,7 @@ func (s checkpointStore) Save(c *Checkpoint) error {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return fmt.Errorf("creating checkpoint directory: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(s.path)+".tmp-*")
+	tmp, err := os.CreateTemp(dir, s.tempPrefix()+"*")
 	if err != nil {
 		return fmt.Errorf("writing checkpoint: %w", err)
 	}
@@ -326,6 +328,7 @@ func (s checkpointStore) Save(c *Checkpoint) error {
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("writing checkpoint: %w", err)
 	}
+	killpoint.Reach(killpoint.CheckpointRename)
 	if err := os.Rename(tmp.Name(), s.path); err != nil {
 		return fmt.Errorf("replacing checkpoint: %w", err)
 	}
@@ -334,6 +337,38 @@ func (s checkpointStore) Save(c *Checkpoint) error {
 		d.Close()
 	}
 	return nil
+}
+
+// tempPrefix starts the name of every temp file Save creates.
+func (s checkpointStore) tempPrefix() string { return "." + filepath.Base(s.path) + ".tmp-" }
+
+// RemoveTemps deletes the temp files of writes that never reached their
+// rename: a process killed mid-write leaves one each time (Save removes its
+// own on any error it returns). Only one tessera-node runs per plugin
+// directory (it holds the directory's lock, see lockDir) and callers hold
+// d.mu, so no write is in flight. It returns the names it removed.
+func (s checkpointStore) RemoveTemps() ([]string, error) {
+	dir := filepath.Dir(s.path)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing %s for checkpoint temp files: %w", dir, err)
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		if e.IsDir() || !strings.HasPrefix(e.Name(), s.tempPrefix()) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("removing checkpoint temp file: %w", err))
+			continue
+		}
+		removed = append(removed, e.Name())
+	}
+	return removed, errors.Join(errs...)
 }
 
 // MoveAside renames an unreadable checkpoint to <name>.bad-<time> so the

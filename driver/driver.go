@@ -31,6 +31,7 @@ import (
 	"github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	"github.com/tessera-gpu/tessera/cdi"
 	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/internal/killpoint"
 	"github.com/tessera-gpu/tessera/sharing"
 )
 
@@ -71,15 +72,17 @@ type Options struct {
 	// Registerer receives the metrics; nil means none.
 	Registerer prometheus.Registerer
 
-	// AfterPreparingHook, when set, runs after the "preparing" checkpoint is
-	// written and before anything is done; tests use it to crash there.
-	AfterPreparingHook func(claimUIDs []string)
+	// ReconcileInterval is how often the prepared claims are checked
+	// against the API server (see reconcileClaims); 1m when 0, never after
+	// the one at start when negative.
+	ReconcileInterval time.Duration
 }
 
 // Driver is a running plugin.
 type Driver struct {
 	opts    Options
 	store   checkpointStore
+	lock    *os.File // the plugin directory's lock (lockDir)
 	bootID  string
 	cdi     *cdi.Writer
 	sharing *sharing.Manager
@@ -144,6 +147,9 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 			return nil, fmt.Errorf("creating %s: %w", dir, err)
 		}
 	}
+	if opts.ReconcileInterval == 0 {
+		opts.ReconcileInterval = time.Minute
+	}
 	logger := klog.FromContext(ctx)
 
 	d := &Driver{opts: opts, store: checkpointStore{path: opts.CheckpointPath}, health: Health{}, changed: make(chan struct{})}
@@ -151,6 +157,15 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	if d.bootID, err = ReadBootID(opts.BootIDPath); err != nil {
 		return nil, err
 	}
+	if d.lock, err = lockDir(ctx, filepath.Dir(opts.CheckpointPath)); err != nil {
+		return nil, err
+	}
+	started := false
+	defer func() {
+		if !started {
+			d.lock.Close()
+		}
+	}()
 
 	devs, err := opts.Inventory.Devices()
 	if err != nil {
@@ -187,6 +202,9 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		d.cancel(err)
 		return nil, err
 	}
+	// Claims deleted or replaced while tessera-node was down are unprepared
+	// before the kubelet can call; an unreachable API server keeps them all.
+	d.reconcileClaims(d.ctx)
 	if mps != nil {
 		d.wg.Add(1)
 		go func() { defer d.wg.Done(); mps.Supervise(d.ctx) }()
@@ -216,6 +234,14 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		defer d.wg.Done()
 		d.watchHealth(d.ctx, events)
 	}()
+	if opts.ReconcileInterval > 0 {
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			d.reconcileEvery(d.ctx, opts.ReconcileInterval)
+		}()
+	}
+	started = true
 	d.ready.Store(true)
 	logger.Info("Tessera DRA plugin started", "node", opts.NodeName, "gpus", len(devs), "checkpoint", opts.CheckpointPath, "preparedClaims", len(d.ckpt.Claims))
 	return d, nil
@@ -237,6 +263,7 @@ func (d *Driver) Stop() {
 	d.cancel(errors.New("tessera-node stopping"))
 	d.helper.Stop()
 	d.wg.Wait()
+	d.lock.Close()
 }
 
 // Done is closed when the plugin stopped, on Stop or a fatal error.
@@ -378,6 +405,9 @@ func (d *Driver) HTTPHandler(gatherer prometheus.Gatherer) http.Handler {
 // prepared claims, removal of CDI specs of claims it does not know.
 func (d *Driver) restore(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.removeTemps(ctx)
 	ckpt, err := d.store.Load(d.bootID)
 	if err != nil {
 		if !d.opts.RecoverCheckpoint {
@@ -442,6 +472,24 @@ func (d *Driver) restore(ctx context.Context) error {
 	}
 	d.ledgerChanged()
 	return nil
+}
+
+// removeTemps deletes the temp files of checkpoint and CDI spec writes a
+// killed tessera-node left. This process holds the directory's lock and
+// d.mu, so none of them belongs to a write in flight. A failure is logged:
+// a leftover temp file wastes a few bytes, it never changes what is read.
+func (d *Driver) removeTemps(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	if names, err := d.store.RemoveTemps(); err != nil {
+		logger.Error(err, "Removing checkpoint temp files", "removed", names)
+	} else if len(names) > 0 {
+		logger.Info("Removed checkpoint temp files left by an interrupted write", "files", names)
+	}
+	if names, err := d.cdi.RemoveTemps(); err != nil {
+		logger.Error(err, "Removing CDI spec temp files", "removed", names)
+	} else if len(names) > 0 {
+		logger.Info("Removed CDI spec temp files left by an interrupted write", "files", names)
+	}
 }
 
 // ledgerChanged follows every change of the ledger: it recomputes the
@@ -570,19 +618,14 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		return result, nil
 	}
 
+	killpoint.Reach(killpoint.BeforePreparingSave)
 	if err := d.store.Save(d.ckpt); err != nil {
 		for _, cl := range pending {
 			delete(d.ckpt.Claims, cl.UID)
 		}
 		return nil, fmt.Errorf("checkpoint before preparing: %w", err)
 	}
-	if d.opts.AfterPreparingHook != nil {
-		uids := make([]string, len(pending))
-		for i, cl := range pending {
-			uids[i] = cl.UID
-		}
-		d.opts.AfterPreparingHook(uids)
-	}
+	killpoint.Reach(killpoint.AfterPreparingSave)
 
 	for _, cl := range pending {
 		if _, err := d.apply(ctx, cl); err != nil {
@@ -602,6 +645,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		cl.Time = time.Now().UTC()
 		result[types.UID(cl.UID)] = kubeletplugin.PrepareResult{Devices: resultDevices(cl)}
 	}
+	killpoint.Reach(killpoint.BeforePreparedSave)
 	if err := d.store.Save(d.ckpt); err != nil {
 		// The work is done but not recorded as such: report failure, the
 		// kubelet retries, and the retry finds "preparing" and redoes it
@@ -611,6 +655,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		}
 		return nil, fmt.Errorf("checkpoint after preparing: %w", err)
 	}
+	killpoint.Reach(killpoint.AfterPreparedSave)
 	d.ledgerChanged()
 	per := time.Since(start).Seconds() / float64(len(pending))
 	for range pending {
@@ -642,9 +687,11 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	if removed == 0 {
 		return result, nil
 	}
+	killpoint.Reach(killpoint.UnprepareBeforeSave)
 	if err := d.store.Save(d.ckpt); err != nil {
 		return nil, fmt.Errorf("checkpoint after unpreparing: %w", err)
 	}
+	killpoint.Reach(killpoint.AfterUnprepareSave)
 	d.ledgerChanged()
 	per := time.Since(start).Seconds() / float64(removed)
 	for range removed {

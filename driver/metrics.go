@@ -12,6 +12,9 @@ type metrics struct {
 	memoryAllocated *prometheus.GaugeVec
 	gpuHealthy      *prometheus.GaugeVec
 	mpsDaemons      prometheus.GaugeFunc
+	// orphansUnprepared counts claims unprepared because the API server no
+	// longer has them for this node, by reason (reconcile.go).
+	orphansUnprepared *prometheus.CounterVec
 
 	// Device-plugin path (deviceplugin package), on the same ledger.
 	devicePluginPods        *prometheus.GaugeVec
@@ -47,6 +50,10 @@ func newMetrics(reg prometheus.Registerer, mpsDaemons func() float64) *metrics {
 			Namespace: "tessera", Subsystem: "node", Name: "mps_daemons",
 			Help: "MPS control daemons running on this node.",
 		}, mpsDaemons),
+		orphansUnprepared: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "tessera", Subsystem: "node", Name: "orphaned_claims_unprepared_total",
+			Help: "Prepared claims unprepared because the API server no longer has them for this node, per reason (gone, replaced, deallocated).",
+		}, []string{"reason"}),
 		devicePluginPods: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "tessera", Subsystem: "node", Name: "deviceplugin_pods",
 			Help: "Pods holding GPUs through the device plugin, per extended resource.",
@@ -65,7 +72,7 @@ func newMetrics(reg prometheus.Registerer, mpsDaemons func() float64) *metrics {
 		}, []string{"resource"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.preparedClaims, m.prepareLatency, m.prepareErrors, m.memoryAllocated, m.gpuHealthy, m.mpsDaemons,
+		reg.MustRegister(m.preparedClaims, m.prepareLatency, m.prepareErrors, m.memoryAllocated, m.gpuHealthy, m.mpsDaemons, m.orphansUnprepared,
 			m.devicePluginPods, m.devicePluginAllocations, m.devicePluginRefusals, m.devicePluginReleases)
 	}
 	return m

@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/internal/killpoint"
 )
 
 // How the MPS control daemon is supervised.
@@ -322,6 +323,9 @@ func (m *MPSManager) start(ctx context.Context, d *mpsDaemon) error {
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("MPS on GPU %s: %s -d: %w%s (see %s)", d.uuid, control, err, logTail(out.Name()), out.Name())
 	}
+	// The daemon runs; nothing but its pid file knows it yet. A restart
+	// adopts it through that file (above), so no second daemon starts.
+	killpoint.Reach(killpoint.MPSBeforePIDFile)
 	pid, err := waitPID(ctx, pidPath)
 	if err != nil {
 		return fmt.Errorf("MPS on GPU %s: daemon did not come up: %w%s (see %s)", d.uuid, err, logTail(filepath.Join(d.logDir, "control.log")), d.logDir)

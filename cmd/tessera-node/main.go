@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -34,12 +33,9 @@ import (
 	"github.com/tessera-gpu/tessera/driver"
 	"github.com/tessera-gpu/tessera/gpu"
 	"github.com/tessera-gpu/tessera/internal/assignment"
+	"github.com/tessera-gpu/tessera/internal/killpoint"
 	"github.com/tessera-gpu/tessera/sharing"
 )
-
-// Test hook: exit right after the "preparing" checkpoint write, so the
-// end-to-end test can kill the agent between its two checkpoint writes.
-const envCrashAfterPreparing = "TESSERA_TEST_CRASH_AFTER_PREPARING"
 
 type config struct {
 	nodeName          string
@@ -61,6 +57,7 @@ type config struct {
 	devicePluginDir   string
 	gpuResourceName   string
 	shareSlots        int
+	claimCheck        time.Duration
 }
 
 // env returns the environment's value for a flag: TESSERA_<FLAG> with dashes
@@ -93,6 +90,7 @@ func main() {
 	fs.StringVar(&c.devicePluginDir, "device-plugin-dir", pluginapi.DevicePluginPath, "kubelet device-plugin directory (kubelet.sock and the plugins' sockets)")
 	fs.StringVar(&c.gpuResourceName, "gpu-resource-name", assignment.DefaultResourceGPU, "extended resource of whole GPUs")
 	fs.IntVar(&c.shareSlots, "share-slots", deviceplugin.DefaultShareSlots, "slots of "+assignment.ResourceShare+" per GPU (admission tokens: the GPU and memory come from the pod's assignment)")
+	fs.DurationVar(&c.claimCheck, "claim-check-interval", time.Minute, "how often prepared claims are checked against the API server (claims deleted, replaced or deallocated meanwhile are unprepared); always at start, only then when 0")
 	fs.Parse(os.Args[1:])
 	if err := applyEnv(fs); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -176,18 +174,14 @@ func run(ctx context.Context, c config) error {
 		RecoverCheckpoint: c.recoverCheckpoint,
 		BootIDPath:        c.bootIDPath,
 		Registerer:        reg,
+		ReconcileInterval: c.claimCheck,
+	}
+	if c.claimCheck <= 0 {
+		opts.ReconcileInterval = -1 // at start only
 	}
 	if c.mps {
 		opts.MPS = &sharing.MPSOptions{Root: c.mpsRoot, Control: c.mpsControl}
 	}
-	if crash, _ := strconv.ParseBool(os.Getenv(envCrashAfterPreparing)); crash {
-		opts.AfterPreparingHook = func(uids []string) {
-			logger.Info("Test hook: exiting between the two checkpoint writes", "claims", uids)
-			klog.Flush()
-			os.Exit(3)
-		}
-	}
-
 	start := time.Now()
 	d, err := driver.Start(ctx, opts)
 	if err != nil {
@@ -213,6 +207,13 @@ func run(ctx context.Context, c config) error {
 		}
 	}
 	logger.Info("Started", "node", c.nodeName, "fakeGPUs", c.fakeGPUs, "devicePlugin", c.devicePlugin, "duration", time.Since(start))
+	if err := armKillPoint(logger); err != nil {
+		if plugins != nil {
+			plugins.Stop()
+		}
+		d.Stop()
+		return err
+	}
 
 	var srv *http.Server
 	if c.httpAddr != "" {
@@ -249,6 +250,29 @@ func run(ctx context.Context, c config) error {
 	}
 	d.Stop()
 	return failure
+}
+
+// armKillPoint sets the test kill point named by killpoint.Env, if any:
+// once started (so the start's own checkpoint write is not counted),
+// tessera-node kills itself with SIGKILL the nth time it reaches the point,
+// as a crash or an OOM kill would, leaving whatever was half-done.
+func armKillPoint(logger klog.Logger) error {
+	spec := os.Getenv(killpoint.Env)
+	if spec == "" {
+		return nil
+	}
+	point, nth, err := killpoint.Parse(spec)
+	if err != nil {
+		return err
+	}
+	killpoint.Set(killpoint.OnNth(point, nth, func(p string) {
+		logger.Info("Test kill point reached; killing tessera-node", "point", p, "nth", nth)
+		klog.Flush()
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way
+	}))
+	logger.Info("Test kill point armed", "point", point, "nth", nth)
+	return nil
 }
 
 func loadConfig(kubeconfig string) (*rest.Config, error) {

@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -25,13 +27,16 @@ const RecordEnv = "TESSERA_MPS_RECORD"
 // standIn behaves like the MPS control program as far as tessera-node sees
 // it: `-d` starts a daemon (here a sleep in its own session) and writes its
 // pid file in CUDA_MPS_PIPE_DIRECTORY; without -d it reads a command from
-// stdin, and `quit` stops the daemon. Every call is recorded.
+// stdin, and `quit` stops the daemon. Every call is recorded, and every
+// daemon's pid goes to <record>.pids, so a test can find a daemon nobody
+// tracks any more (an orphan) by its pid.
 const standIn = `#!/bin/sh
 log="${` + RecordEnv + `:-/dev/null}"
 if [ "$1" = "-d" ]; then
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   sleep 100000 </dev/null >/dev/null 2>&1 &
   echo $! > "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
+  echo "$CUDA_VISIBLE_DEVICES $!" >> "$log.pids"
   echo "start $CUDA_VISIBLE_DEVICES" >> "$log"
   exit 0
 fi
@@ -66,6 +71,7 @@ func MPSStandIn(t testing.TB, dir string) (control, record string) {
 	if err := os.WriteFile(control, []byte(standIn), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { KillDaemons(t, record) })
 	return control, record
 }
 
@@ -81,6 +87,51 @@ func Record(t testing.TB, record string) []string {
 		t.Fatal(err)
 	}
 	return strings.Fields(strings.ReplaceAll(strings.TrimSpace(string(data)), " ", "_"))
+}
+
+// Daemons returns the pids of every daemon the stand-in started that is
+// still running, by GPU UUID (a zombie counts as gone).
+func Daemons(t testing.TB, record string) map[string][]int {
+	t.Helper()
+	data, err := os.ReadFile(record + ".pids")
+	if os.IsNotExist(err) {
+		return map[string][]int{}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]int{}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		uuid, pidText, ok := strings.Cut(line, " ")
+		pid, err := strconv.Atoi(pidText)
+		if !ok || err != nil {
+			t.Fatalf("stand-in pid record %q", line)
+		}
+		if running(pid) {
+			out[uuid] = append(out[uuid], pid)
+		}
+	}
+	return out
+}
+
+// KillDaemons kills every daemon the stand-in started (a reboot, or the end
+// of a test).
+func KillDaemons(t testing.TB, record string) {
+	t.Helper()
+	for _, pids := range Daemons(t, record) {
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+func running(pid int) bool {
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(stat), ')')
+	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
 }
 
 // Result is one allocated device; memory "" means no consumed capacity (a

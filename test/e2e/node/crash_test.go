@@ -19,6 +19,7 @@ import (
 	"github.com/tessera-gpu/tessera/driver"
 	"github.com/tessera-gpu/tessera/driver/drivertest"
 	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/internal/killpoint"
 	"github.com/tessera-gpu/tessera/sharing"
 )
 
@@ -52,8 +53,52 @@ func tesseraNode(t testing.TB) string {
 // proc is a tessera-node subprocess.
 type proc struct {
 	cmd  *exec.Cmd
-	out  *bytes.Buffer
+	out  *syncBuffer
 	done chan error
+}
+
+// syncBuffer is the process' output, written by exec's copier while the
+// test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// waitOutput waits until the process has written s.
+func (p *proc) waitOutput(t testing.TB, s string, timeout time.Duration) {
+	t.Helper()
+	require.Eventually(t, func() bool { return strings.Contains(p.out.String(), s) }, timeout, 20*time.Millisecond,
+		"tessera-node did not log %q; output:\n%s", s, p.out)
+}
+
+// spawnKill starts tessera-node with the test kill point spec armed
+// (killpoint.Env) and waits until it is armed.
+func (e *nodeEnv) spawnKill(t testing.TB, kubeconfig, spec string, extraArgs ...string) *proc {
+	t.Helper()
+	p := e.spawn(t, kubeconfig, []string{killpoint.Env + "=" + spec}, extraArgs...)
+	p.waitOutput(t, "Test kill point armed", 30*time.Second)
+	return p
+}
+
+// killed waits for the process to die at its kill point.
+func (p *proc) killed(t testing.TB, point string) {
+	t.Helper()
+	err := p.wait(t, 30*time.Second)
+	require.Error(t, err, "killed at %s", point)
+	assert.Contains(t, err.Error(), "killed")
+	assert.Contains(t, p.out.String(), `"Test kill point reached; killing tessera-node" point="`+point+`"`)
 }
 
 func (e *nodeEnv) spawn(t testing.TB, kubeconfig string, env []string, extraArgs ...string) *proc {
@@ -67,7 +112,7 @@ func (e *nodeEnv) spawn(t testing.TB, kubeconfig string, env []string, extraArgs
 	}, extraArgs...)
 	cmd := exec.Command(tesseraNode(t), args...)
 	cmd.Env = append(append(os.Environ(), drivertest.RecordEnv+"="+e.record), env...)
-	p := &proc{cmd: cmd, out: &bytes.Buffer{}, done: make(chan error, 1)}
+	p := &proc{cmd: cmd, out: &syncBuffer{}, done: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	require.NoError(t, cmd.Start())
 	go func() { p.done <- cmd.Wait() }()
@@ -124,15 +169,13 @@ func TestCrashBetweenCheckpointWrites(t *testing.T) {
 	}, drivertest.Strategy("MPS")))
 
 	// 1. Crash between the two writes.
-	p := e.spawn(t, kubeconfig, []string{"TESSERA_TEST_CRASH_AFTER_PREPARING=true"})
+	p := e.spawnKill(t, kubeconfig, killpoint.AfterPreparingSave)
 	k := direct(t, socket)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	_, err := k.prepare(ctx, claim)
 	cancel()
 	require.Error(t, err, "the process dies mid-call")
-	exitErr := p.wait(t, 30*time.Second)
-	require.Error(t, exitErr)
-	assert.Contains(t, p.out.String(), "exiting between the two checkpoint writes")
+	p.killed(t, killpoint.AfterPreparingSave)
 	ck := readCheckpoint(t, e)
 	require.Contains(t, ck.Claims, string(claim.UID))
 	assert.Equal(t, driver.StatePreparing, ck.Claims[string(claim.UID)].State)
