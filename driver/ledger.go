@@ -12,6 +12,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/internal/killpoint"
 )
 
 // The device-plugin path (package deviceplugin) records its allocations in
@@ -93,6 +94,7 @@ func (d *Driver) AllocatePod(ctx context.Context, req PodRequest) (*PodCheckpoin
 			delete(d.ckpt.DevicePlugin, p.UID)
 			return nil, fmt.Errorf("checkpoint before allocating %s: %w", who, err)
 		}
+		killpoint.Reach(killpoint.AllocateAfterPreparingSave)
 	}
 	if _, err := d.apply(ctx, p.asClaim()); err != nil {
 		logger.Error(err, "Allocating for a device-plugin pod failed; rolling back", "pod", klog.KRef(p.Namespace, p.Name))
@@ -119,6 +121,7 @@ func (d *Driver) AllocatePod(ctx context.Context, req PodRequest) (*PodCheckpoin
 	}
 	d.updateMetrics()
 	d.metrics.devicePluginAllocations.WithLabelValues(req.Resource).Inc()
+	killpoint.Reach(killpoint.AllocateBeforeSliceMark)
 	d.republish(ctx)
 	return p.copy(), nil
 }

@@ -42,6 +42,13 @@ const (
 	// AfterUnprepareSave: the claim is gone from the checkpoint; the kubelet
 	// has no answer yet.
 	AfterUnprepareSave = "after-unprepare-save"
+	// AllocateAfterPreparingSave: inside the device plugin's Allocate, the
+	// pod is recorded "preparing", nothing done.
+	AllocateAfterPreparingSave = "allocate-after-preparing-save"
+	// AllocateBeforeSliceMark: the pod's allocation is done and recorded
+	// "prepared"; its GPUs are not yet marked in the ResourceSlice, and the
+	// kubelet has no answer.
+	AllocateBeforeSliceMark = "allocate-before-slice-mark"
 	// CheckpointRename: a checkpoint's temp file is written and synced, not
 	// yet renamed over checkpoint.json (every checkpoint write meets it).
 	CheckpointRename = "checkpoint-rename"
@@ -51,7 +58,7 @@ const (
 var Points = []string{
 	BeforePreparingSave, AfterPreparingSave, MPSBeforePIDFile, CDISpecWrite,
 	BeforePreparedSave, AfterPreparedSave, UnprepareBeforeSave, AfterUnprepareSave,
-	CheckpointRename,
+	AllocateAfterPreparingSave, AllocateBeforeSliceMark, CheckpointRename,
 }
 
 var hook atomic.Pointer[func(point string)]

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -13,14 +14,19 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/driver"
 	"github.com/tessera-gpu/tessera/driver/drivertest"
 	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/internal/assignment"
 	"github.com/tessera-gpu/tessera/internal/killpoint"
 )
 
@@ -40,8 +46,13 @@ type killOp int
 const (
 	opPrepare killOp = iota
 	opUnprepare
-	opReboot // no call: the node reboots under a running tessera-node
+	opReboot   // no call: the node reboots under a running tessera-node
+	opAllocate // the device plugin's Allocate
 )
+
+func (o killOp) String() string {
+	return [...]string{"prepare", "unprepare", "reboot", "allocate"}[o]
+}
 
 // killRow is one kill point of TestKillPoints.
 type killRow struct {
@@ -100,13 +111,27 @@ func TestKillPoints(t *testing.T) {
 		{spec: killpoint.AfterUnprepareSave, op: opUnprepare, left: func(t *testing.T, e *nodeEnv, subject string) {
 			assert.NotContains(t, readCheckpoint(t, e).Claims, subject)
 		}},
+		{spec: killpoint.AllocateAfterPreparingSave, op: opAllocate, left: func(t *testing.T, e *nodeEnv, pod string) {
+			entry := readCheckpoint(t, e).DevicePlugin[pod]
+			require.NotNil(t, entry)
+			assert.Equal(t, driver.StatePreparing, entry.State)
+		}},
+		{spec: killpoint.AllocateBeforeSliceMark, op: opAllocate, left: func(t *testing.T, e *nodeEnv, pod string) {
+			entry := readCheckpoint(t, e).DevicePlugin[pod]
+			require.NotNil(t, entry)
+			assert.Equal(t, driver.StatePrepared, entry.State)
+		}},
 		{spec: "reboot", op: opReboot},
 	}
 	for i, row := range rows {
-		t.Run(strings.ReplaceAll(row.spec, "#", "-"), func(t *testing.T) {
+		t.Run(row.op.String()+"/"+strings.ReplaceAll(row.spec, "#", "-"), func(t *testing.T) {
 			e := newNodeEnv(t, fmt.Sprintf("kill-%d", i), "h100-sxm-8")
 			c.AddKwokNode(t, e.name, nil)
 			removeNodeAtEnd(t, client, e.name)
+			if row.op == opAllocate {
+				runAllocateRow(t, client, c.KubeconfigPath, e, ns, row)
+				return
+			}
 			runKillRow(t, client, c.KubeconfigPath, e, ns, row)
 		})
 	}
@@ -222,12 +247,39 @@ func (k *kubelet) unprepare(ctx context.Context, claims ...*resourceapi.Resource
 // left in the checkpoint or CDI directory.
 func checkNode(t *testing.T, client kubernetes.Interface, e *nodeEnv, want ...*resourceapi.ResourceClaim) {
 	t.Helper()
+	checkNodeWith(t, client, e, want, nil)
+}
+
+// checkNodeWith is checkNode with device-plugin pods: the ledger holds
+// exactly pods' entries too, prepared, each pod exists in the API server
+// with that UID, and each has its CDI spec.
+func checkNodeWith(t *testing.T, client kubernetes.Interface, e *nodeEnv, want []*resourceapi.ResourceClaim, pods []*corev1.Pod) {
+	t.Helper()
 	ck := readCheckpoint(t, e)
-	var wantUIDs, gotUIDs []string
+	mpsGPUs := map[string]bool{}
+	var wantUIDs, gotUIDs, wantPods, gotPods []string
 	for _, c := range want {
 		wantUIDs = append(wantUIDs, string(c.UID))
 	}
-	mpsGPUs := map[string]bool{}
+	for _, p := range pods {
+		wantPods = append(wantPods, string(p.UID))
+	}
+	for uid, entry := range ck.DevicePlugin {
+		gotPods = append(gotPods, uid)
+		assert.Equal(t, driver.StatePrepared, entry.State, "pod %s/%s", entry.Namespace, entry.Name)
+		live, err := client.CoreV1().Pods(entry.Namespace).Get(context.Background(), entry.Name, metav1.GetOptions{})
+		if assert.NoError(t, err, "the ledger's pod %s/%s exists", entry.Namespace, entry.Name) {
+			assert.Equal(t, uid, string(live.UID), "the ledger's pod %s/%s is the API server's", entry.Namespace, entry.Name)
+		}
+		for _, dev := range entry.Devices {
+			if dev.Strategy == "MPS" {
+				mpsGPUs[dev.GPUUUID] = true
+			}
+		}
+	}
+	sort.Strings(wantPods)
+	sort.Strings(gotPods)
+	assert.Equal(t, wantPods, gotPods, "device-plugin entries of the ledger")
 	for uid, cl := range ck.Claims {
 		gotUIDs = append(gotUIDs, uid)
 		assert.Equal(t, driver.StatePrepared, cl.State, "claim %s/%s", cl.Namespace, cl.Name)
@@ -244,8 +296,10 @@ func checkNode(t *testing.T, client kubernetes.Interface, e *nodeEnv, want ...*r
 	}
 	sort.Strings(wantUIDs)
 	sort.Strings(gotUIDs)
-	assert.Equal(t, wantUIDs, gotUIDs, "ledger")
-	assert.Equal(t, wantUIDs, specUIDs(t, e.cdi), "CDI specs")
+	assert.Equal(t, wantUIDs, gotUIDs, "claims of the ledger")
+	specs := append(slices.Clone(wantUIDs), wantPods...)
+	sort.Strings(specs)
+	assert.Equal(t, specs, specUIDs(t, e.cdi), "CDI specs")
 	daemons := drivertest.Daemons(t, e.record)
 	for i := range 8 {
 		uuid := gpu.FakeUUID(e.name, i)
@@ -327,4 +381,78 @@ func count(lines []string, s string) int {
 		}
 	}
 	return n
+}
+
+// runAllocateRow is a kill row of the device plugin: a pod bound by
+// kube-scheduler gets one whole GPU (gpu-2) through Allocate on the
+// nvidia.com/gpu socket, and tessera-node dies in the middle. After the
+// restart and the kubelet's retried Allocate the pod holds its GPU exactly
+// once, with its CDI spec and the GPU's mark in the ResourceSlice; the
+// pod's deletion releases all of it.
+func runAllocateRow(t *testing.T, client kubernetes.Interface, kubeconfig string, e *nodeEnv, ns string, row killRow) {
+	bg := context.Background()
+	dpKubelet := e.startDevicePluginKubelet(t)
+	bystander := createAllocatedClaim(t, client, drivertest.Claim(ns, e.name+"-bystander", "", []resourceapi.DeviceRequestAllocationResult{
+		drivertest.Result("gpu", e.name, "gpu-5", "10Gi"),
+	}, drivertest.Strategy("MPS")))
+	pod, err := client.CoreV1().Pods(ns).Create(bg, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: e.name + "-pod"},
+		Spec: corev1.PodSpec{NodeName: e.name, Containers: []corev1.Container{{Name: "c", Image: "busybox",
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{assignment.DefaultResourceGPU: resource.MustParse("1")}}}}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	uid := string(pod.UID)
+	gpu2 := gpu.FakeUUID(e.name, 2)
+
+	p := e.restart(t, kubeconfig, nil)
+	register(t, e.registrar).mustPrepare(t, bystander)
+	p.stop(t)
+
+	p = e.restart(t, kubeconfig, []string{killpoint.Env + "=" + row.spec})
+	p.waitOutput(t, "Test kill point armed", 30*time.Second)
+	whole := e.wholeClient(t, dpKubelet)
+	ctx, cancel := context.WithTimeout(bg, 30*time.Second)
+	_, err = allocateIDs(ctx, whole, gpu2)
+	cancel()
+	require.Error(t, err, "the process dies mid-call")
+	p.killed(t, row.spec)
+	if row.left != nil {
+		row.left(t, e, uid)
+	}
+
+	p = e.restart(t, kubeconfig, nil)
+	k := register(t, e.registrar)
+	whole = e.wholeClient(t, dpKubelet)
+	ctx, cancel = context.WithTimeout(bg, 30*time.Second)
+	resp, err := allocateIDs(ctx, whole, gpu2)
+	cancel()
+	require.NoError(t, err, "the kubelet's retried Allocate")
+	entry := readCheckpoint(t, e).DevicePlugin[uid]
+	require.NotNil(t, entry)
+	require.Len(t, resp.CdiDevices, 1)
+	assert.Equal(t, entry.CDIDeviceIDs(), []string{resp.CdiDevices[0].Name})
+	assert.Equal(t, []string{gpu2}, entry.DeviceIDs, "the GPU is held once")
+	checkNodeWith(t, client, e, []*resourceapi.ResourceClaim{bystander}, []*corev1.Pod{pod})
+	waitSlices(t, client, e.name, 30*time.Second, func(s []resourceapi.ResourceSlice) bool {
+		held, _ := dpTaints(s)
+		return held["gpu-2"] == driver.TaintValueWhole
+	})
+
+	require.NoError(t, client.CoreV1().Pods(ns).Delete(bg, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}))
+	require.Eventually(t, func() bool { return len(readCheckpoint(t, e).DevicePlugin) == 0 }, 30*time.Second, 50*time.Millisecond)
+	k.mustUnprepare(t, bystander)
+	checkNode(t, client, e)
+	waitSlices(t, client, e.name, 30*time.Second, func(s []resourceapi.ResourceSlice) bool {
+		held, _ := dpTaints(s)
+		return held["gpu-2"] == ""
+	})
+	p.stop(t)
+}
+
+// wholeClient waits until the whole-GPU plugin registered with k and
+// returns a client of its socket.
+func (e *nodeEnv) wholeClient(t testing.TB, k *devicePluginKubelet) pluginapi.DevicePluginClient {
+	t.Helper()
+	require.Eventually(t, func() bool { return k.endpoint(assignment.DefaultResourceGPU) != "" }, 30*time.Second, 20*time.Millisecond)
+	return pluginapi.NewDevicePluginClient(dial(t, filepath.Join(e.devicePlugins, k.endpoint(assignment.DefaultResourceGPU))))
 }

@@ -91,7 +91,9 @@ func register(t testing.TB, registrarDir string) *kubelet {
 	reg := registerapi.NewRegistrationClient(dial(t, regSocket))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	info, err := reg.GetInfo(ctx, &registerapi.InfoRequest{})
+	// The socket file exists from bind() on, a moment before listen():
+	// wait for the server rather than fail on a refused connection.
+	info, err := reg.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
 	require.NoError(t, err)
 	require.Equal(t, registerapi.DRAPlugin, info.Type)
 	require.Equal(t, "gpu.tessera.dev", info.Name)
