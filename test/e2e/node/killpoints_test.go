@@ -387,7 +387,8 @@ func count(lines []string, s string) int {
 // kube-scheduler gets one whole GPU (gpu-2) through Allocate on the
 // nvidia.com/gpu socket, and tessera-node dies in the middle. After the
 // restart and the kubelet's retried Allocate the pod holds its GPU exactly
-// once, with its CDI spec and the GPU's mark in the ResourceSlice; the
+// once, with its CDI spec and the GPU's mark in the ResourceSlice (taint
+// and pod UID); the
 // pod's deletion releases all of it.
 func runAllocateRow(t *testing.T, client kubernetes.Interface, kubeconfig string, e *nodeEnv, ns string, row killRow) {
 	bg := context.Background()
@@ -433,9 +434,10 @@ func runAllocateRow(t *testing.T, client kubernetes.Interface, kubeconfig string
 	assert.Equal(t, entry.CDIDeviceIDs(), []string{resp.CdiDevices[0].Name})
 	assert.Equal(t, []string{gpu2}, entry.DeviceIDs, "the GPU is held once")
 	checkNodeWith(t, client, e, []*resourceapi.ResourceClaim{bystander}, []*corev1.Pod{pod})
+	// The slice mark: the taint, and the pod the kubelet gave the GPU to.
 	waitSlices(t, client, e.name, 30*time.Second, func(s []resourceapi.ResourceSlice) bool {
 		held, _ := dpTaints(s)
-		return held["gpu-2"] == driver.TaintValueWhole
+		return held["gpu-2"] == driver.TaintValueWhole && dpPods(s)["gpu-2"] == uid
 	})
 
 	require.NoError(t, client.CoreV1().Pods(ns).Delete(bg, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}))
@@ -444,7 +446,7 @@ func runAllocateRow(t *testing.T, client kubernetes.Interface, kubeconfig string
 	checkNode(t, client, e)
 	waitSlices(t, client, e.name, 30*time.Second, func(s []resourceapi.ResourceSlice) bool {
 		held, _ := dpTaints(s)
-		return held["gpu-2"] == ""
+		return held["gpu-2"] == "" && dpPods(s)["gpu-2"] == ""
 	})
 	p.stop(t)
 }
