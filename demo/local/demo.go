@@ -38,7 +38,6 @@ import (
 	"github.com/tessera-gpu/tessera/cmd/kubectl-tessera/ctl"
 	"github.com/tessera-gpu/tessera/demo/examples"
 	"github.com/tessera-gpu/tessera/deploy/rbac"
-	"github.com/tessera-gpu/tessera/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/assignment"
 	"github.com/tessera-gpu/tessera/internal/childproc"
 	"github.com/tessera-gpu/tessera/test/controlplane"
@@ -285,18 +284,11 @@ func (d *demo) startNodes(ctx context.Context) error {
 	}
 	var want int
 	for _, n := range d.opts.Nodes {
-		err := tbCall(func(t testing.TB) {
-			d.cp.AddKwokNodeWith(t, &corev1.Node{
-				ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{"nvidia.com/gpu.present": "true"}},
-				Status: corev1.NodeStatus{Capacity: corev1.ResourceList{
-					corev1.ResourceCPU: resource.MustParse("96"), corev1.ResourceMemory: resource.MustParse("1Ti"), corev1.ResourcePods: resource.MustParse("110"),
-					// What tessera-node's device plugin would make a kubelet
-					// report (kwok has none; nothing is allocated on the node).
-					assignment.DefaultResourceGPU: *resource.NewQuantity(int64(profileGPUs(n.Profile)), resource.DecimalSI),
-					assignment.ResourceShare:      *resource.NewQuantity(int64(profileGPUs(n.Profile)*deviceplugin.DefaultShareSlots), resource.DecimalSI),
-				}},
-			})
-		})
+		node, err := framework.FakeGPUNode(n.Name, n.Profile, map[string]string{"nvidia.com/gpu.present": "true"})
+		if err != nil {
+			return err
+		}
+		err = tbCall(func(t testing.TB) { d.cp.AddKwokNodeWith(t, node) })
 		if err != nil {
 			return err
 		}
@@ -308,25 +300,14 @@ func (d *demo) startNodes(ctx context.Context) error {
 		}); err != nil {
 			return err
 		}
-		dir := filepath.Join(d.work, n.Name)
 		p, err := d.startChild("tessera-node-"+n.Name, filepath.Join(d.opts.TesseraBin, "tessera-node"),
-			"--node-name="+n.Name,
-			"--kubeconfig="+kubeconfig,
-			"--fake-gpus="+n.Profile,
-			"--kubelet-plugin-dir="+filepath.Join(dir, "plugin"),
-			"--kubelet-registrar-dir="+filepath.Join(dir, "registry"),
-			"--cdi-root="+filepath.Join(dir, "cdi"),
-			"--mps-root="+filepath.Join(dir, "mps"),
-			"--http-address=",
-			// No kubelet here, so no device plugins (several fake nodes
-			// would share the default device-plugin directory).
-			"--device-plugin=false",
-		)
+			framework.FakeTesseraNodeArgs(n.Name, n.Profile, kubeconfig, filepath.Join(d.work, n.Name))...)
 		if err != nil {
 			return err
 		}
 		d.logf("node %s: kwok node + tessera-node --fake-gpus=%s (pid %d)", n.Name, n.Profile, p.Cmd.Process.Pid)
-		want += profileGPUs(n.Profile)
+		gpus := node.Status.Capacity[assignment.DefaultResourceGPU]
+		want += int(gpus.Value())
 	}
 	d.logf("waiting for the ResourceSlices (%d GPUs)", want)
 	return d.poll(ctx, 60*time.Second, "ResourceSlices", func() (bool, string) {
@@ -340,15 +321,6 @@ func (d *demo) startNodes(ctx context.Context) error {
 		}
 		return n >= want, fmt.Sprintf("%d of %d devices published", n, want)
 	})
-}
-
-// profileGPUs reads the GPU count from a profile's name (…-8, …-4).
-func profileGPUs(profile string) int {
-	var n int
-	if i := strings.LastIndexByte(profile, '-'); i >= 0 {
-		fmt.Sscanf(profile[i+1:], "%d", &n)
-	}
-	return n
 }
 
 // startController runs tessera-controller as its ServiceAccount, with the
