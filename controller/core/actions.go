@@ -165,10 +165,10 @@ func (s *session) staleGangs() {
 	}
 	cp := s.checkpoint()
 	for _, j := range s.jobs {
-		if j.placed == 0 || j.placed >= j.minMember || j.belowSince.IsZero() || s.now.Sub(j.belowSince) < s.cfg.StaleGangTimeout {
+		if j.placed == 0 || j.placed >= j.gangMin() || j.belowSince.IsZero() || s.now.Sub(j.belowSince) < s.cfg.StaleGangTimeout {
 			continue
 		}
-		why := fmt.Sprintf("gang %s below its minMember of %d for %s", j.name, j.minMember, s.now.Sub(j.belowSince).Round(1e9))
+		why := fmt.Sprintf("gang %s below its minMember of %d for %s", j.name, j.gangMin(), s.now.Sub(j.belowSince).Round(1e9))
 		for _, p := range j.pods {
 			if p.node != nil && p.phase != PodReleasing {
 				s.detach(p, ActionStaleGang, why)

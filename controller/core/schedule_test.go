@@ -261,6 +261,29 @@ func TestStaleGang(t *testing.T) {
 	assert.True(t, r.Jobs["g"].BelowMinMember)
 }
 
+// TestStaleGangThatLostPods: a running gang whose pods were deleted below
+// its minMember (2 left of minMember 4, nothing pending) is below
+// minMember, and evicted once stale. The core used to clamp minMember to
+// the pods left, so such a gang ran half-bound for ever (found by the
+// chaos soak, test/soak, seed 1: a PodGroup of minMember 3 with one of its
+// pods deleted stayed 2-of-3 bound for minutes).
+func TestStaleGangThatLostPods(t *testing.T) {
+	g := running(running(job("g", "a", 50, 2, 1, 0), 0, "n-0", 0), 1, "n-0", 1)
+	g.MinMember = 4
+	g.BelowMinMemberSince = time.Unix(100, 0)
+	s := &Snapshot{Now: time.Unix(130, 0), Nodes: nodes("n", 1, 8), Queues: []Queue{queue("a", "", 0, -1, 1)}, Jobs: []Job{g}}
+	r := mustSchedule(t, s, Config{})
+	assert.Empty(t, r.Evictions)
+	assert.True(t, r.Jobs["g"].BelowMinMember)
+	s.Now = time.Unix(161, 0)
+	r = mustSchedule(t, s, Config{})
+	require.Len(t, r.Evictions, 2)
+	for _, e := range r.Evictions {
+		assert.Equal(t, ActionStaleGang, e.Action)
+		assert.Contains(t, e.Reason, "below its minMember of 4")
+	}
+}
+
 func TestDeterministic(t *testing.T) {
 	s := benchReclaimSnapshot(20, 8)
 	a := mustSchedule(t, s, Config{})

@@ -150,6 +150,11 @@ type podRequest struct {
 	shape    string
 }
 
+// gangMin is the number of placed pods below which a gang is short of its
+// minMember for the stale-gang eviction: its declared minMember even when
+// fewer pods than that are left.
+func (j *jobState) gangMin() int { return max(j.minMember, j.declaredMin) }
+
 type jobState struct {
 	name        string
 	queue       *queueState
@@ -157,6 +162,10 @@ type jobState struct {
 	preemptible bool
 	neverEvicts bool // Job.NeverEvicts
 	minMember   int
+	// declaredMin is the job's MinMember as given, which minMember clamps
+	// to its pods: a running gang that lost pods (deleted, failed) below
+	// its minMember is below it, and stale in time (gangMin).
+	declaredMin int
 	created     time.Time
 	belowSince  time.Time
 	pods        []*podState

@@ -203,7 +203,7 @@ func (s *session) addJobs(snap *Snapshot) {
 			continue
 		}
 		q := s.queueByN[j.Queue]
-		js := &jobState{name: j.Name, queue: q, priority: j.Priority, preemptible: j.Preemptible, neverEvicts: j.NeverEvicts, minMember: j.MinMember, created: j.CreatedAt, belowSince: j.BelowMinMemberSince}
+		js := &jobState{name: j.Name, queue: q, priority: j.Priority, preemptible: j.Preemptible, neverEvicts: j.NeverEvicts, minMember: j.MinMember, declaredMin: j.MinMember, created: j.CreatedAt, belowSince: j.BelowMinMemberSince}
 		if js.minMember <= 0 || js.minMember > len(j.Pods) {
 			js.minMember = max(len(j.Pods), 1)
 		}
