@@ -7,7 +7,7 @@ COMMANDS := $(notdir $(wildcard cmd/*))
 # Go test timeout: the integration packages start a real control plane.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: real-gpu all build test unit lint controlplane scenarios clean generate scale demo helm chart-sync chart-check fuzz
+.PHONY: real-gpu all build test unit lint controlplane scenarios clean generate scale soak demo helm chart-sync chart-check fuzz
 
 all: build
 
@@ -57,6 +57,16 @@ generate:
 # ceiling, in one run. Takes minutes and the whole machine; not part of `test`.
 scale: controlplane
 	TESSERA_SCALE=1 TESSERA_BIN_DIR=$$(hack/build-controlplane.sh) $(GO) test -count=1 -timeout 60m -v -run TestScale ./test/scale/ 2>&1 | grep -E '^(=== RUN|--- |\s+scale_test.go|ok|FAIL|PASS)'
+
+# The chaos soak (test/soak/README.md): pods, gangs, fractions and deletions
+# from several queues on kwok nodes with tessera-node processes, while
+# controller replicas, tessera-node and the API server are killed at random;
+# invariants checked after every event. `make test` runs a 2.5-minute
+# version; DURATION sets the length, SEED replays a run. The test bounds
+# itself (its duration plus 10 minutes), so go test's timeout is off.
+DURATION ?= 30m
+soak: controlplane
+	TESSERA_SOAK_DURATION=$(DURATION) TESSERA_SOAK_SEED=$(SEED) TESSERA_BIN_DIR=$$(hack/build-controlplane.sh) $(GO) test -count=1 -timeout 0 -v -run '^TestSoak$$' ./test/soak/
 
 # The real-GPU checks (test/realgpu/README.md): NVML, MPS limits seen by a CUDA
 # program, time-slicing, CDI against the installed driver. They change GPU
