@@ -33,6 +33,9 @@ type cycleIndex struct {
 	jobs map[string]*jobRef
 	// queues holds the names of the Queue objects (not the implicit ones).
 	queues map[string]*schedv1.Queue
+	// badQueues maps the Queues that cannot be read (queueFromObject) to
+	// the reason; they and their descendants are left out.
+	badQueues map[string]string
 	// taintedNodes and taintedGPUs say whether any node or GPU has a
 	// scheduling taint, so pods need a feasibility check at all.
 	taintedNodes, taintedGPUs bool
@@ -121,7 +124,11 @@ func (s *Scheduler) translatePod(pod *v1.Pod) *podEntry {
 	if err == nil {
 		gr, gerr := podGPURequest(claims, s.getClass)
 		e.req, e.err, e.tessera, e.alts, e.choices = gr.req, gerr, gr.tessera, gr.alts, gr.choices
-		e.req.CPU, e.req.Memory, e.req.Other = podResources(pod)
+		var rerr error
+		e.req.CPU, e.req.Memory, e.req.Other, rerr = podResources(pod)
+		if e.err == nil {
+			e.err = rerr
+		}
 		if e.err == nil {
 			// The device-plugin path: extended resources and the fraction
 			// annotations. Other keeps the extended resources, so the
@@ -149,22 +156,27 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 	snap := &core.Snapshot{Now: now}
 
 	// Queues: the objects, an implicit default, and the external queue.
-	queueObjs, err := s.listQueues()
-	if err != nil {
-		return nil, nil, err
-	}
+	queueObjs, badQueues := s.listQueues()
+	idx.badQueues = badQueues
 	children := map[string]int{}
+	converted := map[string]core.Queue{}
 	for _, q := range queueObjs {
 		idx.queues[q.Name] = q
 		children[q.Spec.Parent]++
+		cq, err := queueFromObject(q)
+		if err != nil && idx.badQueues[q.Name] == "" {
+			idx.badQueues[q.Name] = err.Error()
+		}
+		converted[q.Name] = cq
 	}
 	for _, q := range queueObjs {
-		if q.Spec.Parent != "" && idx.queues[q.Spec.Parent] == nil {
-			// The CRD cannot check this; the core would reject the whole
-			// snapshot, so the orphan is left out and its pods wait.
+		if q.Spec.Parent != "" && idx.queues[q.Spec.Parent] == nil || idx.queueProblem(q.Name) != "" {
+			// The CRD cannot check this; the core would leave the orphan
+			// or the invalid queue out with a less telling reason, so it
+			// is left out here and its pods wait with the adapter's.
 			continue
 		}
-		snap.Queues = append(snap.Queues, queueFromObject(q))
+		snap.Queues = append(snap.Queues, converted[q.Name])
 	}
 	if idx.queues[DefaultQueue] == nil {
 		snap.Queues = append(snap.Queues, core.NewQueue(DefaultQueue, ""))
@@ -184,6 +196,9 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 		}
 		if q.Spec.Parent != "" && idx.queues[q.Spec.Parent] == nil {
 			return false, fmt.Sprintf("queue %s has parent %s, which does not exist", name, q.Spec.Parent)
+		}
+		if why := idx.queueProblem(name); why != "" {
+			return false, fmt.Sprintf("queue %s cannot be used: %s", name, why)
 		}
 		if children[name] > 0 {
 			return false, fmt.Sprintf("queue %s is a parent queue; only leaf queues hold workloads", name)
@@ -205,8 +220,8 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 		cn := core.Node{
 			Name:          n.Name,
 			Labels:        n.Labels,
-			CPU:           n.Status.Allocatable.Cpu().MilliValue(),
-			Memory:        n.Status.Allocatable.Memory().Value(),
+			CPU:           nodeAmount(n.Status.Allocatable, v1.ResourceCPU),
+			Memory:        nodeAmount(n.Status.Allocatable, v1.ResourceMemory),
 			Unschedulable: n.Spec.Unschedulable || !nodeReady(n),
 			Other:         nodeOther(n),
 		}
@@ -373,7 +388,7 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 			jobOrder = append(jobOrder, jobName)
 			ref := &jobRef{}
 			if name := pod.Annotations[AnnotationPodGroup]; name != "" && ours {
-				ref.group = s.getPodGroup(pod.Namespace, name)
+				ref.group, _ = s.getPodGroup(pod.Namespace, name)
 			}
 			idx.jobs[jobName] = ref
 		}
@@ -473,15 +488,22 @@ func (s *Scheduler) jobFor(pod *v1.Pod, ours bool, leaf func(string) (bool, stri
 		// Admission copies the PriorityClass's preemptionPolicy to the pod.
 		NeverEvicts: pod.Spec.PreemptionPolicy != nil && *pod.Spec.PreemptionPolicy == v1.PreemptNever}
 	if name := pod.Annotations[AnnotationPodGroup]; name != "" {
-		pg := s.getPodGroup(pod.Namespace, name)
-		if pg == nil {
+		pg, err := s.getPodGroup(pod.Namespace, name)
+		switch {
+		case err != nil:
+			return "", nil, err.Error()
+		case pg == nil:
 			return "", nil, fmt.Sprintf("PodGroup %s/%s does not exist", pod.Namespace, name)
 		}
+		spec, err := podGroupSpec(pg)
+		if err != nil {
+			return "", nil, err.Error()
+		}
 		job.Name = pod.Namespace + "/" + name
-		job.MinMember = int(pg.Spec.MinMember)
+		job.MinMember = spec.minMember
 		job.CreatedAt = pg.CreationTimestamp.Time
-		if pg.Spec.Queue != "" {
-			queue = pg.Spec.Queue
+		if spec.queue != "" {
+			queue = spec.queue
 			job.Queue = queue
 		}
 		if pg.Spec.PriorityClassName != "" {

@@ -6,9 +6,11 @@ import (
 	"math"
 	"strconv"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/internal/assignment"
 )
 
 // FractionRequest reads DESIGN.md's fraction annotations
@@ -42,7 +44,10 @@ func FractionRequest(annotations map[string]string) (req core.Request, has bool,
 		if err != nil || q.Sign() <= 0 {
 			return req, true, fmt.Errorf("annotation %s: %q is not a positive amount of memory (e.g. \"20Gi\")", AnnotationGPUMemory, mem)
 		}
-		req.GPUMemory = q.Value()
+		// Checked, not q.Value(): that wraps above 2^63 ("1e19" read as 0).
+		if req.GPUMemory, err = readAmount(q, unitBytes, core.MaxAmount); err != nil {
+			return core.Request{}, true, fmt.Errorf("annotation %s: %q is more memory than any GPU has; the most Tessera accepts is %s", AnnotationGPUMemory, mem, maxQuantityString(unitBytes, core.MaxAmount))
+		}
 	default:
 		return req, true, fmt.Errorf("annotation %s without %s or %s: it says how to share a GPU, not how much of one", AnnotationGPUSharing, AnnotationGPUFraction, AnnotationGPUMemory)
 	}
@@ -57,8 +62,10 @@ func FractionRequest(annotations map[string]string) (req core.Request, has bool,
 	return req, true, nil
 }
 
-// errNoShareSlot is the reason of an annotated pod without the share slot.
-var errNoShareSlot = errors.New("asks for a GPU share through annotations, but no container asks for the " + ResourceShare +
+// ErrNoShareSlot is the reason of an annotated pod without the share slot
+// (the admission webhook adds the slot on CREATE, so it does not deny a
+// pod for it then).
+var ErrNoShareSlot = errors.New("asks for a GPU share through annotations, but no container asks for the " + ResourceShare +
 	" resource the device plugin hands the share out through: add " + ResourceShare + ": 1 to a container's limits, " +
 	"or install Tessera's admission webhook (the chart's webhook.enabled), which adds it")
 
@@ -81,7 +88,7 @@ func devicePluginRequest(annotations map[string]string, other map[string]int64, 
 	case has && whole > 0:
 		return req, true, fmt.Errorf("asks for a GPU share through annotations and for %d %s; ask for a share or for whole GPUs, not both", whole, gpuResource)
 	case has && share == 0:
-		return req, true, errNoShareSlot
+		return req, true, ErrNoShareSlot
 	case has && share > 1:
 		return req, true, fmt.Errorf("asks for %d %s; an annotated pod takes one share slot (%s: 1)", share, ResourceShare, ResourceShare)
 	case has:
@@ -90,8 +97,26 @@ func devicePluginRequest(annotations map[string]string, other map[string]int64, 
 		return req, true, fmt.Errorf("asks for %s without annotation %s or %s saying how much of a GPU", ResourceShare, AnnotationGPUFraction, AnnotationGPUMemory)
 	case whole > 0 && claims:
 		return req, true, fmt.Errorf("asks for %d %s and for GPUs through ResourceClaims; ask in one way only", whole, gpuResource)
+	case whole > core.MaxGPUs:
+		return req, true, fmt.Errorf("asks for %d %s; the most Tessera accepts is %d", whole, gpuResource, core.MaxGPUs)
 	case whole > 0:
 		return core.Request{GPUs: int(whole)}, true, nil
 	}
 	return req, false, nil
+}
+
+// PodAdmissionError is why tessera-scheduler would refuse a pod that asks
+// for GPUs through the device plugin (the fraction annotations, the share
+// slot, whole GPUs), judged from the pod alone: its resources (podResources)
+// and annotations (devicePluginRequest), checked in the order and with the
+// words the pod would wait with. Its claims are the scheduler's to look up.
+// nil when it would not refuse the pod for these. The admission webhook
+// denies with it, so the two never disagree.
+func PodAdmissionError(pod *v1.Pod) error {
+	_, _, other, err := podResources(pod)
+	if err != nil {
+		return err
+	}
+	_, _, err = devicePluginRequest(pod.Annotations, other, assignment.DefaultResourceGPU, false)
+	return err
 }

@@ -32,6 +32,15 @@ func TestFractionRequest(t *testing.T) {
 		{name: "too close to one", ann: map[string]string{AnnotationGPUFraction: "0.9999"}, has: true, wantErr: `"0.9999" rounds to 1000 thousandths`},
 		{name: "bad memory", ann: map[string]string{AnnotationGPUMemory: "lots"}, has: true, wantErr: `annotation tessera.dev/gpu-memory: "lots" is not a positive amount of memory`},
 		{name: "zero memory", ann: map[string]string{AnnotationGPUMemory: "0"}, has: true, wantErr: `"0" is not a positive amount`},
+		// Past 2^63 Quantity.Value wraps: these read as a negative number or 0.
+		{name: "memory past 2^63", ann: map[string]string{AnnotationGPUMemory: "9223372036854775808"}, has: true,
+			wantErr: `annotation tessera.dev/gpu-memory: "9223372036854775808" is more memory than any GPU has; the most Tessera accepts is 64Ti`},
+		{name: "memory 1e19", ann: map[string]string{AnnotationGPUMemory: "1e19"}, has: true, wantErr: `"1e19" is more memory than any GPU has`},
+		{name: "memory 10E", ann: map[string]string{AnnotationGPUMemory: "10E"}, has: true, wantErr: `"10E" is more memory than any GPU has`},
+		{name: "memory 1e100", ann: map[string]string{AnnotationGPUMemory: "1e100"}, has: true, wantErr: `"1e100" is more memory than any GPU has`},
+		{name: "memory at the maximum", ann: map[string]string{AnnotationGPUMemory: "64Ti"}, has: true, want: core.Request{GPUMemory: core.MaxAmount, Sharing: core.SharingMPS}},
+		{name: "memory below a byte rounds up", ann: map[string]string{AnnotationGPUMemory: "1m"}, has: true, want: core.Request{GPUMemory: 1, Sharing: core.SharingMPS}},
+		{name: "fraction 1e19", ann: map[string]string{AnnotationGPUFraction: "1e19"}, has: true, wantErr: `"1e19" is not a fraction between 0 and 1`},
 		{name: "both", ann: map[string]string{AnnotationGPUFraction: "0.5", AnnotationGPUMemory: "20Gi"}, has: true, wantErr: "give one, not both"},
 		{name: "sharing alone", ann: map[string]string{AnnotationGPUSharing: "mps"}, has: true, wantErr: "annotation tessera.dev/gpu-sharing without"},
 		{name: "bad sharing", ann: map[string]string{AnnotationGPUFraction: "0.25", AnnotationGPUSharing: "mig"}, has: true, wantErr: `annotation tessera.dev/gpu-sharing: "mig" is not mps or timeslice`},
@@ -75,6 +84,7 @@ func TestDevicePluginRequest(t *testing.T) {
 		{name: "malformed annotation", ann: map[string]string{AnnotationGPUFraction: "half"}, limits: v1.ResourceList{ResourceShare: resource.MustParse("1")}, dp: true, wantErr: `"half" is not a fraction`},
 		{name: "annotations and claims", ann: half, claims: true, limits: v1.ResourceList{ResourceShare: resource.MustParse("1")}, dp: true, wantErr: "through annotations and for GPUs through ResourceClaims"},
 		{name: "annotations and whole GPUs", ann: half, limits: v1.ResourceList{ResourceShare: resource.MustParse("1"), "nvidia.com/gpu": resource.MustParse("1")}, dp: true, wantErr: "a share or for whole GPUs, not both"},
+		{name: "whole GPUs past the maximum", limits: v1.ResourceList{"nvidia.com/gpu": resource.MustParse("65537")}, dp: true, wantErr: "asks for 65537 nvidia.com/gpu; the most Tessera accepts is 65536"},
 		{name: "two slots", ann: half, limits: v1.ResourceList{ResourceShare: resource.MustParse("2")}, dp: true, wantErr: "asks for 2 tessera.dev/gpu-share"},
 		{name: "slot without annotations", limits: v1.ResourceList{ResourceShare: resource.MustParse("1")}, dp: true, wantErr: "without annotation tessera.dev/gpu-fraction"},
 		{name: "whole GPUs and claims", claims: true, limits: v1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}, dp: true, wantErr: "ask in one way only"},
@@ -87,7 +97,8 @@ func TestDevicePluginRequest(t *testing.T) {
 			pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: c.ann}, Spec: v1.PodSpec{Containers: []v1.Container{
 				{Name: "a", Resources: v1.ResourceRequirements{Limits: c.limits, Requests: c.limits}},
 			}}}
-			_, _, other := podResources(pod)
+			_, _, other, rerr := podResources(pod)
+			require.NoError(t, rerr)
 			got, dp, err := devicePluginRequest(pod.Annotations, other, c.gpuRes, c.claims)
 			assert.Equal(t, c.dp, dp)
 			if c.wantErr != "" {

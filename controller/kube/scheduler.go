@@ -10,6 +10,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -114,6 +115,9 @@ type Scheduler struct {
 	// bound pod (warnOnce: a malformed or ignored assignment, a node record
 	// that disagrees), so it is reported once.
 	malformed map[types.UID]string
+	// problems are the core's Result.Problems of the last cycle, logged
+	// when they first appear (logProblems).
+	problems map[core.Problem]bool
 	// pending remembers the reason last written on each pending pod so
 	// unchanged reasons cost no API call.
 	pending map[string]string
@@ -344,29 +348,37 @@ func (s *Scheduler) getClass(name string) *resourceapi.DeviceClass {
 	return c
 }
 
-func (s *Scheduler) getPodGroup(namespace, name string) *schedv1.PodGroup {
+// getPodGroup returns a PodGroup, nil when it does not exist; the error
+// says why one that exists cannot be read (its pods wait with it).
+func (s *Scheduler) getPodGroup(namespace, name string) (*schedv1.PodGroup, error) {
 	obj, ok, err := s.groupInformer.GetStore().GetByKey(namespace + "/" + name)
 	if err != nil || !ok {
-		return nil
+		return nil, nil
 	}
 	pg, err := fromUnstructured[schedv1.PodGroup](obj)
 	if err != nil {
-		klog.ErrorS(err, "Decoding PodGroup", "podGroup", namespace+"/"+name)
-		return nil
+		return nil, fmt.Errorf("PodGroup %s/%s cannot be read: %w", namespace, name, err)
 	}
-	return pg
+	return pg, nil
 }
 
-func (s *Scheduler) listQueues() ([]*schedv1.Queue, error) {
-	var out []*schedv1.Queue
+// listQueues returns the Queues; one that cannot be decoded is returned by
+// name only, with the reason in bad (it is left out, its pods wait).
+func (s *Scheduler) listQueues() (out []*schedv1.Queue, bad map[string]string) {
+	bad = map[string]string{}
 	for _, obj := range s.queueInformer.GetStore().List() {
 		q, err := fromUnstructured[schedv1.Queue](obj)
 		if err != nil {
-			return nil, fmt.Errorf("decoding Queue: %w", err)
+			u, ok := obj.(metav1.Object)
+			if !ok {
+				continue
+			}
+			q = &schedv1.Queue{ObjectMeta: metav1.ObjectMeta{Name: u.GetName()}}
+			bad[q.Name] = fmt.Sprintf("queue %s cannot be read: %v", q.Name, err)
 		}
 		out = append(out, q)
 	}
-	return out, nil
+	return out, bad
 }
 
 // Start starts the informers and waits for their caches.
@@ -434,6 +446,7 @@ func (s *Scheduler) RunOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.logProblems(ctx, res.Problems)
 	decided := time.Now()
 	stats := s.commit(ctx, res, idx)
 	m := s.opts.Metrics
@@ -451,3 +464,18 @@ func (s *Scheduler) RunOnce(ctx context.Context) error {
 
 type schemaGVR = schema.GroupVersionResource
 type dynamicResource = dynamic.ResourceInterface
+
+// logProblems logs what the core could not take as given, once while it
+// lasts: each cycle reports it again, and a log line every 200 ms would
+// drown the rest. Pending pods among them get their reason as a condition
+// and an event (report).
+func (s *Scheduler) logProblems(ctx context.Context, problems []core.Problem) {
+	now := make(map[core.Problem]bool, len(problems))
+	for _, p := range problems {
+		now[p] = true
+		if !s.problems[p] {
+			klog.FromContext(ctx).Info("Left out of scheduling, the rest goes on", "object", p.Object, "reason", p.Reason)
+		}
+	}
+	s.problems = now
+}

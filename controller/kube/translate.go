@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	resourcehelper "k8s.io/component-helpers/resource"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
+	"k8s.io/klog/v2"
 
 	gpuconfig "github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
@@ -75,7 +77,14 @@ func gpusFromSlices(slices []*resourceapi.ResourceSlice) *nodeGPUs {
 				g.NVLinkDomain = *a.StringValue
 			}
 			if c, ok := d.Capacity[capacityMemory]; ok {
-				g.Memory = c.Value.Value()
+				v, err := readAmount(c.Value, unitBytes, core.MaxAmount)
+				if err != nil || v == 0 {
+					// The core would refuse it; without it no pod is
+					// placed on a GPU whose size is unknown.
+					klog.InfoS("Leaving out a GPU whose memory capacity Tessera cannot use", "slice", s.Name, "device", d.Name, "memory", c.Value.String())
+					continue
+				}
+				g.Memory = v
 			}
 			if a, ok := d.Attributes[attrDevicePluginPod]; ok && a.StringValue != nil && *a.StringValue != "" {
 				out.dpPod[d.Name] = types.UID(*a.StringValue)
@@ -374,6 +383,9 @@ func exactGPUs(c *resourceapi.ResourceClaim, request string, r *resourceapi.Exac
 		}
 	}
 	if mem == nil {
+		if count < 0 || count > core.MaxGPUs {
+			return out, fmt.Errorf("count %d: must be from 1 to %d", count, core.MaxGPUs)
+		}
 		out.GPUs = int(count)
 		return out, nil
 	}
@@ -383,7 +395,9 @@ func exactGPUs(c *resourceapi.ResourceClaim, request string, r *resourceapi.Exac
 	if count != 1 {
 		return out, fmt.Errorf("a fractional request takes a share of one GPU; count must be 1, got %d", count)
 	}
-	out.GPUMemory = mem.Value()
+	if out.GPUMemory, err = readAmount(*mem, unitBytes, core.MaxAmount); err != nil || out.GPUMemory == 0 {
+		return core.Request{}, fmt.Errorf("capacity request %s %q: not a positive amount of memory up to %s", capacityMemory, mem.String(), maxQuantityString(unitBytes, core.MaxAmount))
+	}
 	out.Sharing = core.SharingMPS
 	if mode == gpuconfig.TimeSlicing {
 		out.Sharing = core.SharingTimeSlice
@@ -429,7 +443,7 @@ func allocatedPlacement(node string, claims []*resourceapi.ResourceClaim, gpus *
 			g := gpus.gpus[pos]
 			mem := g.Memory
 			if q, ok := r.ConsumedCapacity[capacityMemory]; ok {
-				mem = q.Value()
+				mem, _ = clampAmount(q, unitBytes)
 			}
 			pl.GPUs = append(pl.GPUs, g.Index)
 			pl.GPUMemory = append(pl.GPUMemory, mem)
@@ -467,25 +481,45 @@ func allocatedPlacement(node string, claims []*resourceapi.ResourceClaim, gpus *
 // memory in bytes, and every other resource (ephemeral storage, hugepages,
 // extended resources) in its own units, plus one "pods" slot, so that the
 // core places a pod only where the kubelet will admit it.
-func podResources(pod *v1.Pod) (cpu, mem int64, other map[string]int64) {
+//
+// Each amount is read with overflow and range checks (readAmount): one
+// negative or above core.MaxAmount is an error naming the resource and its
+// value, and is counted as MaxAmount (0 if negative), so that a bound pod
+// asking for it still holds its node rather than nothing.
+func podResources(pod *v1.Pod) (cpu, mem int64, other map[string]int64, err error) {
 	reqs := resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{UseStatusResources: true})
 	other = map[string]int64{string(v1.ResourcePods): 1}
-	for name, q := range reqs {
-		switch name {
+	names := make([]string, 0, len(reqs))
+	for name := range reqs {
+		names = append(names, string(name))
+	}
+	slices.Sort(names) // the first bad one named is always the same
+	for _, name := range names {
+		q := reqs[v1.ResourceName(name)]
+		v, rerr := readAmount(q, unitOf(v1.ResourceName(name)), core.MaxAmount)
+		if rerr != nil {
+			if err == nil {
+				err = fmt.Errorf("asks for %s %s: %w", name, q.String(), rerr)
+			}
+			if !errors.Is(rerr, errNegative) {
+				v = core.MaxAmount
+			}
+		}
+		switch v1.ResourceName(name) {
 		case v1.ResourceCPU:
-			cpu = q.MilliValue()
+			cpu = v
 		case v1.ResourceMemory:
-			mem = q.Value()
+			mem = v
 		default:
-			if v := q.Value(); v > 0 {
-				other[string(name)] = v
+			if v > 0 {
+				other[name] = v
 			}
 		}
 	}
 	for _, port := range hostPorts(pod) {
 		other[port] = 1
 	}
-	return cpu, mem, other
+	return cpu, mem, other, err
 }
 
 // hostPortPrefix names the other resources that stand for host ports: every
@@ -526,44 +560,81 @@ func nodeOther(n *v1.Node) map[string]int64 {
 	out := make(map[string]int64, len(n.Status.Allocatable))
 	for name, q := range n.Status.Allocatable {
 		if name != v1.ResourceCPU && name != v1.ResourceMemory {
-			out[string(name)] = q.Value()
+			out[string(name)], _ = clampAmount(q, unitOf(name))
 		}
 	}
 	return out
 }
 
 // queueFromObject turns a Queue object into the core's queue with DESIGN.md's
-// defaults for what is unset.
-func queueFromObject(q *schedv1.Queue) core.Queue {
+// defaults for what is unset. Quotas and limits are read with overflow and
+// range checks: -1 (unlimited), or from 0 to core.MaxQueueAmount; the
+// error names the queue, the field and its value (the Queue's jobs wait
+// with it).
+func queueFromObject(q *schedv1.Queue) (core.Queue, error) {
 	out := core.NewQueue(q.Name, q.Spec.Parent)
 	if q.Spec.Priority != nil {
 		out.Priority = *q.Spec.Priority
 	}
-	set := func(r core.Resource, rq *schedv1.ResourceQuota, milli bool) {
-		if rq == nil {
-			return
+	for _, f := range []struct {
+		r  core.Resource
+		rq *schedv1.ResourceQuota
+		u  unit
+	}{{core.ResGPU, q.Spec.Resources.GPU, unitMilli}, {core.ResCPU, q.Spec.Resources.CPU, unitMilli}, {core.ResMemory, q.Spec.Resources.Memory, unitBytes}} {
+		if f.rq == nil {
+			continue
 		}
-		conv := func(v *resource.Quantity) int64 {
-			if v.Sign() < 0 {
-				return core.Unlimited
+		dst := &out.Resources[f.r]
+		for _, v := range []struct {
+			name string
+			q    *resource.Quantity
+			dst  *int64
+		}{{"quota", f.rq.Quota, &dst.Quota}, {"limit", f.rq.Limit, &dst.Limit}} {
+			if v.q == nil {
+				continue
 			}
-			if milli {
-				return v.MilliValue()
+			n, err := queueAmount(*v.q, f.u)
+			if err != nil {
+				return out, fmt.Errorf("queue %s: spec.resources.%s.%s %s: %w", q.Name, f.r, v.name, v.q.String(), err)
 			}
-			return v.Value()
+			*v.dst = n
 		}
-		if rq.Quota != nil {
-			out.Resources[r].Quota = conv(rq.Quota)
-		}
-		if rq.Limit != nil {
-			out.Resources[r].Limit = conv(rq.Limit)
-		}
-		if rq.OverQuotaWeight != nil {
-			out.Resources[r].OverQuotaWeight = int64(*rq.OverQuotaWeight)
+		if w := f.rq.OverQuotaWeight; w != nil {
+			if *w < 0 {
+				return out, fmt.Errorf("queue %s: spec.resources.%s.overQuotaWeight %d: is negative", q.Name, f.r, *w)
+			}
+			dst.OverQuotaWeight = int64(*w)
 		}
 	}
-	set(core.ResGPU, q.Spec.Resources.GPU, true)
-	set(core.ResCPU, q.Spec.Resources.CPU, true)
-	set(core.ResMemory, q.Spec.Resources.Memory, false)
-	return out
+	return out, nil
+}
+
+// queueAmount reads a quota or limit: -1 is unlimited; any other negative
+// amount, or one above core.MaxQueueAmount, is an error.
+func queueAmount(q resource.Quantity, u unit) (int64, error) {
+	if q.Cmp(resource.MustParse("-1")) == 0 {
+		return core.Unlimited, nil
+	}
+	v, err := readAmount(q, u, core.MaxQueueAmount)
+	if errors.Is(err, errNegative) {
+		return 0, errors.New("is negative; -1 means unlimited")
+	}
+	return v, err
+}
+
+// groupSpec is what the scheduler reads of a PodGroup's spec.
+type groupSpec struct {
+	minMember int
+	queue     string
+}
+
+// podGroupSpec reads a PodGroup's spec with range checks (the CRD checks
+// them too, but an object written around it must not count as a gang of
+// none): minMember from 1 on. The error names the PodGroup, the field and
+// its value; the group's pods wait with it.
+func podGroupSpec(pg *schedv1.PodGroup) (groupSpec, error) {
+	if pg.Spec.MinMember < 1 {
+		return groupSpec{}, fmt.Errorf("PodGroup %s/%s: spec.minMember %d must be at least 1", pg.Namespace, pg.Name, pg.Spec.MinMember)
+	}
+	return groupSpec{minMember: int(pg.Spec.MinMember), queue: pg.Spec.Queue}, nil
 }

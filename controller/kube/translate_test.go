@@ -2,6 +2,7 @@ package kube
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -232,12 +233,65 @@ func TestQueueFromObject(t *testing.T) {
 			Memory: &schedv1.ResourceQuota{Quota: ptr.To(resource.MustParse("1Gi"))},
 		},
 	}}
-	got := queueFromObject(q)
+	got, err := queueFromObject(q)
+	require.NoError(t, err)
 	assert.Equal(t, "org", got.Parent)
 	assert.Equal(t, int32(120), got.Priority)
 	assert.Equal(t, core.QueueResource{Quota: 2500, Limit: core.Unlimited, OverQuotaWeight: 3}, got.Resources[core.ResGPU])
 	assert.Equal(t, int64(1<<30), got.Resources[core.ResMemory].Quota)
 	assert.Equal(t, core.Unlimited, got.Resources[core.ResCPU].Quota, "cpu quota defaults to unlimited")
+}
+
+// A quota or limit that would wrap, or a weight below 0, is an error naming
+// the queue, the field and its value; never a wrapped number.
+func TestQueueFromObjectInvalid(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		rq   schedv1.ResourceQuota
+		res  string // gpu, cpu or memory
+		want string
+	}{
+		{"GPU quota past 2^63 milli", schedv1.ResourceQuota{Quota: ptr.To(resource.MustParse("9223372036854776"))}, "gpu",
+			"queue team: spec.resources.gpu.quota 9223372036854776: is above the most Tessera accepts, 4611686018427387904m"},
+		{"GPU limit 1e100", schedv1.ResourceQuota{Limit: ptr.To(resource.MustParse("1e100"))}, "gpu", "spec.resources.gpu.limit 10e99: is above the most"},
+		{"memory quota 10E", schedv1.ResourceQuota{Quota: ptr.To(resource.MustParse("10E"))}, "memory", "spec.resources.memory.quota 10E: is above the most Tessera accepts, 4Ei"},
+		{"negative other than -1", schedv1.ResourceQuota{Quota: ptr.To(resource.MustParse("-2"))}, "cpu", "spec.resources.cpu.quota -2: is negative; -1 means unlimited"},
+		{"negative weight", schedv1.ResourceQuota{OverQuotaWeight: ptr.To[int32](-1)}, "gpu", "spec.resources.gpu.overQuotaWeight -1: is negative"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			q := &schedv1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "team"}}
+			switch c.res {
+			case "gpu":
+				q.Spec.Resources.GPU = &c.rq
+			case "cpu":
+				q.Spec.Resources.CPU = &c.rq
+			default:
+				q.Spec.Resources.Memory = &c.rq
+			}
+			_, err := queueFromObject(q)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), c.want)
+		})
+	}
+	// Large but in range: read exactly.
+	q := &schedv1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "big"}, Spec: schedv1.QueueSpec{Resources: schedv1.QueueResources{
+		Memory: &schedv1.ResourceQuota{Limit: ptr.To(resource.MustParse("1Ei"))}}}}
+	got, err := queueFromObject(q)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1)<<60, got.Resources[core.ResMemory].Limit)
+}
+
+func TestPodGroupSpec(t *testing.T) {
+	pg := &schedv1.PodGroup{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "g"}, Spec: schedv1.PodGroupSpec{MinMember: 3, Queue: "team"}}
+	got, err := podGroupSpec(pg)
+	require.NoError(t, err)
+	assert.Equal(t, groupSpec{minMember: 3, queue: "team"}, got)
+	for _, m := range []int32{0, -1, -2147483648} {
+		pg.Spec.MinMember = m
+		_, err := podGroupSpec(pg)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), fmt.Sprintf("PodGroup ns/g: spec.minMember %d must be at least 1", m))
+	}
 }
 
 func TestToleratesAll(t *testing.T) {
@@ -308,12 +362,56 @@ func TestPodResources(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			cpu, mem, other := podResources(&v1.Pod{Spec: c.spec})
+			cpu, mem, other, err := podResources(&v1.Pod{Spec: c.spec})
+			require.NoError(t, err)
 			assert.Equal(t, c.cpu, cpu, "cpu")
 			assert.Equal(t, c.mem, mem, "memory")
 			assert.Equal(t, c.wantOther, other)
 		})
 	}
+}
+
+// Amounts past core.MaxAmount (or past 2^63, where Value and MilliValue
+// wrap) are an error naming the resource and its value, and count as
+// MaxAmount, so a bound pod asking for them still holds its node.
+func TestPodResourcesOutOfRange(t *testing.T) {
+	for _, c := range []struct {
+		name, res, value, want string
+		cpu, mem               int64
+		other                  map[string]int64
+	}{
+		{name: "cpu wraps in milli", res: "cpu", value: "9223372036854776", want: "asks for cpu 9223372036854776: is above the most Tessera accepts, 70368744177664m", cpu: core.MaxAmount},
+		{name: "memory past 2^63", res: "memory", value: "9223372036854775808", want: "asks for memory 9223372036854775808: is above the most Tessera accepts, 64Ti", mem: core.MaxAmount},
+		{name: "memory 1e100", res: "memory", value: "1e100", want: "asks for memory 10e99: is above", mem: core.MaxAmount},
+		{name: "extended resource 10E", res: "example.com/widget", value: "10E", want: "asks for example.com/widget 10E: is above the most Tessera accepts, 70368744177664", other: map[string]int64{"example.com/widget": core.MaxAmount}},
+		{name: "just below the maximum", res: "memory", value: "64Ti", mem: core.MaxAmount},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pod := &v1.Pod{Spec: v1.PodSpec{Containers: []v1.Container{{Resources: v1.ResourceRequirements{
+				Requests: v1.ResourceList{v1.ResourceName(c.res): resource.MustParse(c.value)}}}}}}
+			cpu, mem, other, err := podResources(pod)
+			if c.want == "" {
+				require.NoError(t, err)
+			} else {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), c.want)
+			}
+			assert.Equal(t, c.cpu, cpu, "cpu")
+			assert.Equal(t, c.mem, mem, "memory")
+			for name, v := range c.other {
+				assert.Equal(t, v, other[name], name)
+			}
+		})
+	}
+}
+
+// A node's allocatable is clamped to core.MaxAmount, never wrapped.
+func TestNodeAmountsClamped(t *testing.T) {
+	alloc := v1.ResourceList{v1.ResourceCPU: resource.MustParse("9223372036854776"), v1.ResourceMemory: resource.MustParse("1e100"), "example.com/widget": resource.MustParse("10E")}
+	assert.Equal(t, core.MaxAmount, nodeAmount(alloc, v1.ResourceCPU))
+	assert.Equal(t, core.MaxAmount, nodeAmount(alloc, v1.ResourceMemory))
+	assert.Equal(t, core.MaxAmount, nodeOther(&v1.Node{Status: v1.NodeStatus{Allocatable: alloc}})["example.com/widget"])
+	assert.Equal(t, int64(8000), nodeAmount(v1.ResourceList{v1.ResourceCPU: resource.MustParse("8")}, v1.ResourceCPU))
 }
 
 func TestNodeOther(t *testing.T) {
