@@ -485,7 +485,7 @@ func TestHelmTemplateWebhook(t *testing.T) {
 	require.Equal(t, []admissionregistrationv1.MatchCondition{{Name: "fraction-annotations", Expression: webhook.MatchCondition}}, w.MatchConditions)
 	require.Equal(t, admissionregistrationv1.Fail, *w.FailurePolicy)
 	require.Equal(t, admissionregistrationv1.SideEffectClassNone, *w.SideEffects)
-	require.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Create}, w.Rules[0].Operations)
+	require.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}, w.Rules[0].Operations)
 	require.Equal(t, []string{"pods"}, w.Rules[0].Resources)
 	require.Equal(t, []string{namespace, "kube-system"}, w.NamespaceSelector.MatchExpressions[0].Values)
 	svc := w.ClientConfig.Service

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/internal/assignment"
 	"github.com/tessera-gpu/tessera/internal/selfsigned"
 )
@@ -39,7 +40,8 @@ func testPod(ann map[string]string, scheduler string, containers ...v1.Container
 
 // admit sends the pod through the HTTP handler as the API server would and
 // returns the response and the pod with the patch applied.
-func admit(t *testing.T, pod *v1.Pod, op admissionv1.Operation) (*admissionv1.AdmissionResponse, *v1.Pod) {
+// old is the pod before an UPDATE (nil for CREATE).
+func admit(t *testing.T, pod, old *v1.Pod, op admissionv1.Operation) (*admissionv1.AdmissionResponse, *v1.Pod) {
 	t.Helper()
 	raw, err := json.Marshal(pod)
 	require.NoError(t, err)
@@ -47,6 +49,10 @@ func admit(t *testing.T, pod *v1.Pod, op admissionv1.Operation) (*admissionv1.Ad
 		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
 		Request: &admissionv1.AdmissionRequest{UID: types.UID("req-1"), Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
 			Operation: op, Namespace: pod.Namespace, Name: pod.Name, Object: runtime.RawExtension{Raw: raw}},
+	}
+	if old != nil {
+		in.Request.OldObject.Raw, err = json.Marshal(old)
+		require.NoError(t, err)
 	}
 	body, err := json.Marshal(in)
 	require.NoError(t, err)
@@ -93,13 +99,23 @@ func TestAdmission(t *testing.T) {
 		{name: "keeps other resources", pod: testPod(half, "tessera-scheduler", withCPU, v1.Container{Name: "side"}), scheduler: "tessera-scheduler",
 			first: v1.ResourceList{v1.ResourceCPU: resource.MustParse("2"), assignment.ResourceShare: one}},
 		{name: "another scheduler is kept", pod: testPod(half, "my-scheduler"), scheduler: "my-scheduler", first: slot},
-		{name: "slot already asked by a second container", pod: testPod(half, "tessera-scheduler", v1.Container{Name: "a"}, v1.Container{Name: "b", Resources: v1.ResourceRequirements{Limits: slot}}), unchanged: true},
+		{name: "slot already asked by a second container", pod: testPod(half, "tessera-scheduler", v1.Container{Name: "a"}, v1.Container{Name: "b", Resources: v1.ResourceRequirements{Limits: slot, Requests: slot}}), unchanged: true},
 		{name: "bad fraction", pod: testPod(map[string]string{assignment.AnnotationGPUFraction: "half"}, ""), deny: `annotation tessera.dev/gpu-fraction: "half" is not a fraction between 0 and 1`},
 		{name: "bad memory", pod: testPod(map[string]string{assignment.AnnotationGPUMemory: "lots"}, ""), deny: `annotation tessera.dev/gpu-memory: "lots" is not a positive amount of memory`},
 		{name: "bad sharing", pod: testPod(map[string]string{assignment.AnnotationGPUFraction: "0.5", assignment.AnnotationGPUSharing: "mig"}, ""), deny: `annotation tessera.dev/gpu-sharing: "mig" is not mps or timeslice`},
 		{name: "sharing alone", pod: testPod(map[string]string{assignment.AnnotationGPUSharing: "mps"}, ""), deny: "annotation tessera.dev/gpu-sharing without"},
 		{name: "both", pod: testPod(map[string]string{assignment.AnnotationGPUFraction: "0.5", assignment.AnnotationGPUMemory: "1Gi"}, ""), deny: "give one, not both"},
-		{name: "update is not mutated", pod: testPod(map[string]string{assignment.AnnotationGPUFraction: "half"}, ""), op: admissionv1.Update, unchanged: true},
+		// What the scheduler would refuse, in its words (kube.PodAdmissionError).
+		{name: "memory past 2^63", pod: testPod(map[string]string{assignment.AnnotationGPUMemory: "9223372036854775808"}, ""),
+			deny: `annotation tessera.dev/gpu-memory: "9223372036854775808" is more memory than any GPU has; the most Tessera accepts is 64Ti`},
+		{name: "memory 1e19", pod: testPod(map[string]string{assignment.AnnotationGPUMemory: "1e19"}, ""), deny: `"1e19" is more memory than any GPU has`},
+		{name: "memory 10E", pod: testPod(map[string]string{assignment.AnnotationGPUMemory: "10E"}, ""), deny: `"10E" is more memory than any GPU has`},
+		{name: "memory 1e100", pod: testPod(map[string]string{assignment.AnnotationGPUMemory: "1e100"}, ""), deny: `"1e100" is more memory than any GPU has`},
+		{name: "annotated pod asking an absurd CPU", pod: testPod(half, "", v1.Container{Name: "main", Resources: v1.ResourceRequirements{
+			Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("9223372036854776")}}}), deny: "asks for cpu 9223372036854776: is above the most Tessera accepts"},
+		{name: "annotated pod asking whole GPUs too", pod: testPod(half, "", v1.Container{Name: "main", Resources: v1.ResourceRequirements{
+			Limits: v1.ResourceList{"nvidia.com/gpu": one}, Requests: v1.ResourceList{"nvidia.com/gpu": one}}}), deny: "ask for a share or for whole GPUs, not both"},
+		{name: "update without an old object is refused", pod: testPod(half, ""), op: admissionv1.Update, deny: "decoding the pod's old version"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -107,7 +123,7 @@ func TestAdmission(t *testing.T) {
 			if op == "" {
 				op = admissionv1.Create
 			}
-			resp, got := admit(t, c.pod, op)
+			resp, got := admit(t, c.pod, nil, op)
 			if c.deny != "" {
 				assert.False(t, resp.Allowed)
 				require.NotNil(t, resp.Result)
@@ -128,6 +144,66 @@ func TestAdmission(t *testing.T) {
 			}
 			assert.Equal(t, c.pod.Annotations, got.Annotations, "annotations are kept")
 		})
+	}
+}
+
+// TestUpdate: only a change of the fraction annotations is judged; on a
+// bound pod it is denied, on a pending one it must be what the scheduler
+// accepts. UPDATE never mutates.
+func TestUpdate(t *testing.T) {
+	slot := v1.Container{Name: "main", Resources: v1.ResourceRequirements{
+		Limits: v1.ResourceList{assignment.ResourceShare: resource.MustParse("1")}, Requests: v1.ResourceList{assignment.ResourceShare: resource.MustParse("1")}}}
+	mem := func(v string) map[string]string { return map[string]string{assignment.AnnotationGPUMemory: v} }
+	bound := func(p *v1.Pod) *v1.Pod { p.Spec.NodeName = "node-a"; return p }
+	withLabel := func(p *v1.Pod) *v1.Pod { p.Labels = map[string]string{"x": "y"}; return p }
+	cases := []struct {
+		name     string
+		old, pod *v1.Pod
+		deny     string
+	}{
+		{name: "bound, share changed", old: bound(testPod(mem("20Gi"), "tessera-scheduler", slot)), pod: bound(testPod(mem("40Gi"), "tessera-scheduler", slot)),
+			deny: `pod is bound to node node-a and the node enforces the GPU share it was given: its fraction annotations cannot change (tessera.dev/gpu-memory "20Gi" → "40Gi"); delete the pod and create it again with the new share`},
+		{name: "bound, annotation removed", old: bound(testPod(mem("20Gi"), "tessera-scheduler", slot)), pod: bound(testPod(nil, "tessera-scheduler", slot)),
+			deny: `tessera.dev/gpu-memory removed (was "20Gi")`},
+		{name: "bound, sharing added", old: bound(testPod(mem("20Gi"), "tessera-scheduler", slot)),
+			pod:  bound(testPod(map[string]string{assignment.AnnotationGPUMemory: "20Gi", assignment.AnnotationGPUSharing: "timeslice"}, "tessera-scheduler", slot)),
+			deny: `tessera.dev/gpu-sharing added ("timeslice")`},
+		{name: "bound, annotations unchanged, a label added", old: bound(testPod(mem("20Gi"), "tessera-scheduler", slot)), pod: withLabel(bound(testPod(mem("20Gi"), "tessera-scheduler", slot)))},
+		{name: "an invalid pod may still lose a finalizer", old: testPod(mem("1e19"), "tessera-scheduler", slot), pod: withLabel(testPod(mem("1e19"), "tessera-scheduler", slot))},
+		{name: "pending, changed to a valid share", old: testPod(mem("20Gi"), "tessera-scheduler", slot), pod: testPod(mem("10Gi"), "tessera-scheduler", slot)},
+		{name: "pending, changed to an absurd share", old: testPod(mem("20Gi"), "tessera-scheduler", slot), pod: testPod(mem("1e19"), "tessera-scheduler", slot),
+			deny: `annotation tessera.dev/gpu-memory: "1e19" is more memory than any GPU has; the most Tessera accepts is 64Ti`},
+		{name: "pending, annotation added without the slot", old: testPod(nil, "tessera-scheduler"), pod: testPod(mem("20Gi"), "tessera-scheduler"),
+			deny: "asks for a GPU share through annotations, but no container asks for the tessera.dev/gpu-share resource"},
+		{name: "pending, annotation removed, slot kept", old: testPod(mem("20Gi"), "tessera-scheduler", slot), pod: testPod(nil, "tessera-scheduler", slot),
+			deny: "asks for tessera.dev/gpu-share without annotation tessera.dev/gpu-fraction or tessera.dev/gpu-memory"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			resp, _ := admit(t, c.pod, c.old, admissionv1.Update)
+			assert.Empty(t, resp.Patch, "UPDATE never mutates")
+			if c.deny == "" {
+				assert.True(t, resp.Allowed, "%+v", resp.Result)
+				return
+			}
+			assert.False(t, resp.Allowed)
+			require.NotNil(t, resp.Result)
+			assert.Contains(t, resp.Result.Message, c.deny)
+		})
+	}
+}
+
+// The webhook and the scheduler give the same words: a pod the webhook
+// denies waits with its message as reason (kube.PodAdmissionError is the
+// one function behind both).
+func TestDenialIsTheSchedulersReason(t *testing.T) {
+	slot := v1.Container{Name: "main", Resources: v1.ResourceRequirements{
+		Limits: v1.ResourceList{assignment.ResourceShare: resource.MustParse("1")}, Requests: v1.ResourceList{assignment.ResourceShare: resource.MustParse("1")}}}
+	for _, v := range []string{"9223372036854775808", "1e19", "10E", "1e100", "lots", "0"} {
+		pod := testPod(map[string]string{assignment.AnnotationGPUMemory: v}, "tessera-scheduler", slot)
+		resp, _ := admit(t, pod, nil, admissionv1.Create)
+		require.False(t, resp.Allowed, v)
+		assert.Equal(t, kube.PodAdmissionError(pod).Error(), resp.Result.Message, v)
 	}
 }
 

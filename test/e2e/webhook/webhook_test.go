@@ -36,6 +36,12 @@ func pod(name string, ann map[string]string) *v1.Pod {
 	}
 }
 
+// withCPU sets the first container's CPU request.
+func withCPU(p *v1.Pod, cpu string) *v1.Pod {
+	p.Spec.Containers[0].Resources.Requests = v1.ResourceList{v1.ResourceCPU: resource.MustParse(cpu)}
+	return p
+}
+
 // register points a MutatingWebhookConfiguration at the webhook on addr and
 // waits until the API server calls it.
 func register(t *testing.T, ctx context.Context, client kubernetes.Interface, addr string, caPEM []byte, ns string) {
@@ -49,7 +55,7 @@ func register(t *testing.T, ctx context.Context, client kubernetes.Interface, ad
 				CABundle: caPEM,
 			},
 			Rules: []admissionregistrationv1.RuleWithOperations{{
-				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
 				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)},
 			}},
 			MatchConditions:         []admissionregistrationv1.MatchCondition{{Name: "fraction-annotations", Expression: webhook.MatchCondition}},
@@ -130,6 +136,68 @@ func TestWebhook(t *testing.T) {
 			assert.Contains(t, err.Error(), msg)
 			assert.Contains(t, err.Error(), `admission webhook "pods.tessera.dev" denied the request`)
 		}
+	})
+
+	// Issue 17: these were admitted (the amounts wrapped to a negative
+	// number or to 0) and then stopped every scheduling cycle or waited as
+	// GPU-less pods. The words are the scheduler's (kube.PodAdmissionError).
+	t.Run("what the scheduler would refuse is rejected with its words", func(t *testing.T) {
+		for _, c := range []struct {
+			pod *v1.Pod
+			msg string
+		}{
+			{pod("mem-2-63", map[string]string{assignment.AnnotationGPUMemory: "9223372036854775808"}),
+				`annotation tessera.dev/gpu-memory: "9223372036854775808" is more memory than any GPU has; the most Tessera accepts is 64Ti`},
+			{pod("mem-1e19", map[string]string{assignment.AnnotationGPUMemory: "1e19"}), `annotation tessera.dev/gpu-memory: "1e19" is more memory than any GPU has`},
+			{pod("mem-10e", map[string]string{assignment.AnnotationGPUMemory: "10E"}), `annotation tessera.dev/gpu-memory: "10E" is more memory than any GPU has`},
+			{pod("mem-1e100", map[string]string{assignment.AnnotationGPUMemory: "1e100"}), `annotation tessera.dev/gpu-memory: "1e100" is more memory than any GPU has`},
+			{withCPU(pod("huge-cpu", map[string]string{assignment.AnnotationGPUFraction: "0.5"}), "9223372036854776"),
+				"asks for cpu 9223372036854776: is above the most Tessera accepts, 70368744177664m"},
+		} {
+			_, err := create(c.pod)
+			require.Error(t, err, c.pod.Name)
+			assert.Contains(t, err.Error(), c.msg)
+			assert.Contains(t, err.Error(), `admission webhook "pods.tessera.dev" denied the request`)
+		}
+	})
+
+	// UPDATE: a bound pod's share cannot change; a pending pod's new
+	// annotations must be what the scheduler accepts; other updates pass.
+	t.Run("updates of the annotations", func(t *testing.T) {
+		update := func(name string, change func(p *v1.Pod)) error {
+			p, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			require.NoError(t, err)
+			change(p)
+			_, err = client.CoreV1().Pods(ns).Update(ctx, p, metav1.UpdateOptions{})
+			return err
+		}
+		setMem := func(v string) func(p *v1.Pod) {
+			return func(p *v1.Pod) { p.Annotations[assignment.AnnotationGPUMemory] = v }
+		}
+		bound := pod("bound-share", map[string]string{assignment.AnnotationGPUMemory: "20Gi"})
+		bound.Spec.NodeName = "node-a" // bound at creation; no node needed for the API
+		_, err := create(bound)
+		require.NoError(t, err)
+		err = update("bound-share", setMem("40Gi"))
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), `pod is bound to node node-a and the node enforces the GPU share it was given: its fraction annotations cannot change (tessera.dev/gpu-memory "20Gi" → "40Gi")`)
+		err = update("bound-share", func(p *v1.Pod) { delete(p.Annotations, assignment.AnnotationGPUMemory) })
+		require.Error(t, err, "removing the annotation is a change too")
+		assert.Contains(t, err.Error(), `tessera.dev/gpu-memory removed (was "20Gi")`)
+		require.NoError(t, update("bound-share", func(p *v1.Pod) { p.Labels = map[string]string{"team": "a"} }), "other changes pass")
+
+		_, err = create(pod("pending-share", map[string]string{assignment.AnnotationGPUMemory: "20Gi"}))
+		require.NoError(t, err)
+		err = update("pending-share", setMem("1e19"))
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), `annotation tessera.dev/gpu-memory: "1e19" is more memory than any GPU has; the most Tessera accepts is 64Ti`)
+		require.NoError(t, update("pending-share", setMem("10Gi")), "a pending pod may change to a valid share")
+
+		_, err = create(pod("late", nil))
+		require.NoError(t, err)
+		err = update("late", func(p *v1.Pod) { p.Annotations = map[string]string{assignment.AnnotationGPUFraction: "0.5"} })
+		require.Error(t, err, "annotations added after creation: the slot cannot be added any more")
+		assert.Contains(t, err.Error(), "asks for a GPU share through annotations, but no container asks for the tessera.dev/gpu-share resource")
 	})
 
 	t.Run("plain pods pass unchanged", func(t *testing.T) {
