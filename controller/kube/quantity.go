@@ -3,6 +3,7 @@ package kube
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
@@ -48,6 +49,14 @@ func readAmount(q resource.Quantity, u unit, most int64) (int64, error) {
 	if q.Sign() < 0 {
 		return 0, errNegative
 	}
+	switch e := decimalExponent(q); {
+	case e > 40:
+		// Far above any maximum; compared exactly, "1e9999999" would build
+		// a number of ten million digits (seconds of CPU per read).
+		return 0, fmt.Errorf("is above the most Tessera accepts, %s", maxQuantityString(u, most))
+	case e < -40 && q.Sign() > 0:
+		return 1, nil // a tiny positive amount rounds up to one unit
+	}
 	if max := maxQuantity(u, most); q.Cmp(max) > 0 {
 		return 0, fmt.Errorf("is above the most Tessera accepts, %s", max.String())
 	}
@@ -55,6 +64,14 @@ func readAmount(q resource.Quantity, u unit, most int64) (int64, error) {
 		return q.ScaledValue(resource.Milli), nil
 	}
 	return q.Value(), nil
+}
+
+// decimalExponent is the order of magnitude of q, found without building a
+// power of ten: 10^(e-2) <= q < 10^e for e = decimalExponent(q) (q > 0).
+func decimalExponent(q resource.Quantity) int64 {
+	d := q.AsDec()
+	digits := int64(float64(d.UnscaledBig().BitLen())*math.Log10(2)) + 1
+	return digits - int64(d.Scale())
 }
 
 // maxQuantity is most as a quantity in the unit readAmount reads.
