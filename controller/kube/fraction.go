@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -40,6 +41,14 @@ func FractionRequest(annotations map[string]string) (req core.Request, has bool,
 			return req, true, fmt.Errorf("annotation %s: %q rounds to %d thousandths of a GPU; give a fraction from 0.001 to 0.999", AnnotationGPUFraction, frac, req.GPUMilli)
 		}
 	case hasMem:
+		if len(mem) > maxQuantityText {
+			return req, true, fmt.Errorf("annotation %s: %d characters are not an amount of memory (e.g. \"20Gi\")", AnnotationGPUMemory, len(mem))
+		}
+		if e, big := longExponent(mem); big && e > 0 {
+			return req, true, fmt.Errorf("annotation %s: %q is more memory than any GPU has; the most Tessera accepts is %s", AnnotationGPUMemory, mem, maxQuantityString(unitBytes, core.MaxAmount))
+		} else if big {
+			return req, true, fmt.Errorf("annotation %s: %q is not a positive amount of memory of at least a byte (e.g. \"20Gi\")", AnnotationGPUMemory, mem)
+		}
 		q, err := resource.ParseQuantity(mem)
 		if err != nil || q.Sign() <= 0 {
 			return req, true, fmt.Errorf("annotation %s: %q is not a positive amount of memory (e.g. \"20Gi\")", AnnotationGPUMemory, mem)
@@ -119,4 +128,33 @@ func PodAdmissionError(pod *v1.Pod) error {
 	}
 	_, _, err = devicePluginRequest(pod.Annotations, other, assignment.DefaultResourceGPU, false)
 	return err
+}
+
+// maxQuantityText bounds the length of a quantity written in an
+// annotation: ParseQuantity's cost grows with the scale a long mantissa
+// implies ("0.000…1" with many zeros), as with a long exponent.
+const maxQuantityText = 64
+
+// longExponent reports whether s, a quantity as written, has a decimal
+// exponent of more than three digits, and its sign: resource.ParseQuantity
+// takes seconds on "1e-9999999" (it rounds to nano units through a power
+// of ten of that size), so such a value is judged from its text.
+func longExponent(s string) (sign int, long bool) {
+	i := strings.LastIndexAny(s, "eE")
+	if i < 0 || i == len(s)-1 {
+		return 0, false // no exponent, or the suffix E (exa)
+	}
+	exp := s[i+1:]
+	sign = 1
+	switch exp[0] {
+	case '-':
+		sign, exp = -1, exp[1:]
+	case '+':
+		exp = exp[1:]
+	}
+	exp = strings.TrimLeft(exp, "0")
+	if len(exp) <= 3 || strings.Trim(exp, "0123456789") != "" {
+		return 0, false
+	}
+	return sign, true
 }

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -38,9 +39,12 @@ func TestFractionRequest(t *testing.T) {
 		{name: "memory 1e19", ann: map[string]string{AnnotationGPUMemory: "1e19"}, has: true, wantErr: `"1e19" is more memory than any GPU has`},
 		{name: "memory 10E", ann: map[string]string{AnnotationGPUMemory: "10E"}, has: true, wantErr: `"10E" is more memory than any GPU has`},
 		{name: "memory 1e100", ann: map[string]string{AnnotationGPUMemory: "1e100"}, has: true, wantErr: `"1e100" is more memory than any GPU has`},
-		// Compared exactly these took seconds each (a power of ten of ten million digits).
+		// Compared or parsed exactly these took seconds each (a power of ten of ten million digits).
 		{name: "memory 1e9999999", ann: map[string]string{AnnotationGPUMemory: "1e9999999"}, has: true, wantErr: `"1e9999999" is more memory than any GPU has`},
-		{name: "memory 1e-9999999", ann: map[string]string{AnnotationGPUMemory: "1e-9999999"}, has: true, want: core.Request{GPUMemory: 1, Sharing: core.SharingMPS}},
+		{name: "memory 1e-9999999", ann: map[string]string{AnnotationGPUMemory: "1e-9999999"}, has: true, wantErr: `"1e-9999999" is not a positive amount of memory of at least a byte`},
+		{name: "memory 1e+0000999", ann: map[string]string{AnnotationGPUMemory: "1e+0000999"}, has: true, wantErr: `"1e+0000999" is more memory than any GPU has`},
+		{name: "memory written long", ann: map[string]string{AnnotationGPUMemory: "0." + strings.Repeat("0", 100) + "1"}, has: true, wantErr: "annotation tessera.dev/gpu-memory: 103 characters are not an amount of memory"},
+		{name: "memory 1e-999", ann: map[string]string{AnnotationGPUMemory: "1e-999"}, has: true, want: core.Request{GPUMemory: 1, Sharing: core.SharingMPS}},
 		{name: "memory at the maximum", ann: map[string]string{AnnotationGPUMemory: "64Ti"}, has: true, want: core.Request{GPUMemory: core.MaxAmount, Sharing: core.SharingMPS}},
 		{name: "memory below a byte rounds up", ann: map[string]string{AnnotationGPUMemory: "1m"}, has: true, want: core.Request{GPUMemory: 1, Sharing: core.SharingMPS}},
 		{name: "fraction 1e19", ann: map[string]string{AnnotationGPUFraction: "1e19"}, has: true, wantErr: `"1e19" is not a fraction between 0 and 1`},
