@@ -316,7 +316,9 @@ func (s *Scheduler) boundDevicePluginPlacement(pod *v1.Pod, e *podEntry, node st
 	}
 	other := e.req.Other
 	if other == nil {
-		_, _, other = podResources(pod) // its claims could not be read
+		// Its claims could not be read; an amount out of range is counted
+		// at the maximum (podResources), which is what a bound pod needs.
+		_, _, other, _ = podResources(pod)
 	}
 	return s.devicePluginPlacement(pod, other, node, gpus)
 }

@@ -219,7 +219,8 @@ func TestDevicePluginPlacement(t *testing.T) {
 			pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: uid, Annotations: tc.ann},
 				Spec: v1.PodSpec{NodeName: "n1", Containers: []v1.Container{{Name: "c", Resources: v1.ResourceRequirements{Limits: tc.limits, Requests: tc.limits}}}}} // requests as the API server defaults them
 			g := publishedGPUs(t, tc.held)
-			_, _, other := podResources(pod)
+			_, _, other, err := podResources(pod)
+			require.NoError(t, err)
 			pl, ok := s.devicePluginPlacement(pod, other, "n1", g)
 			require.Equal(t, tc.wantOK, ok)
 			assert.Equal(t, tc.wantGPUs, pl.GPUs)
