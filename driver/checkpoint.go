@@ -175,8 +175,16 @@ func unknownFields(data []byte, known []string) (map[string]json.RawMessage, err
 	if err := json.Unmarshal(data, &all); err != nil {
 		return nil, err
 	}
-	for _, k := range known {
-		delete(all, k)
+	// encoding/json reads a key into a field whatever its case ("bootId"
+	// into bootID), so such a key is not unknown: kept, it would be written
+	// back next to the field and override it on the next load.
+	for k := range all {
+		for _, f := range known {
+			if strings.EqualFold(k, f) {
+				delete(all, k)
+				break
+			}
+		}
 	}
 	if len(all) == 0 {
 		return nil, nil
