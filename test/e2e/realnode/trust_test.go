@@ -83,7 +83,13 @@ func testKubeletChoosesOtherGPUs(t *testing.T, c *cluster) {
 	}
 
 	c.deletePod(t, "older")
-	c.waitAllocatable(t, gpuCount-2)
+	deadline = time.Now().Add(30 * time.Second)
+	for c.agent.metric(t, "tessera_node_deviceplugin_pods", "") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the older pod is still in tessera-node's ledger 30s after its deletion; log:\n%s", tail(c.agent.logPath, 30))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	c.create(t, c.dpPod("six", assignment.DefaultResourceGPU, 6, nil))
 	c.waitRunning(t, "six")
 	if six := c.recordOf(t, "six", 6); slices.ContainsFunc(six, func(g int) bool { return slices.Contains(got, g) }) {
