@@ -516,3 +516,21 @@ func TestHelmTemplateWebhook(t *testing.T) {
 	require.Nil(t, find[*corev1.Secret](off, "tessera-controller-webhook-tls"))
 	require.NotContains(t, find[*appsv1.Deployment](off, "tessera-controller").Spec.Template.Spec.Containers[0].Args, "--webhook-addr=:9443")
 }
+
+// TestHelmLeaderElectionOff: without the Lease nothing fences a commit, so
+// the chart refuses several replicas and replaces a single one by
+// Recreate (a rolling update would run two at once).
+func TestHelmLeaderElectionOff(t *testing.T) {
+	cmd := exec.Command(helm(t), "template", "tessera", chartDir, "--namespace", namespace, "--set", "controller.leaderElection.enabled=false")
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err, "two replicas without leader election must not render")
+	require.Contains(t, string(out), "controller.replicas > 1 needs controller.leaderElection.enabled=true")
+
+	objs := render(t, "--set", "controller.leaderElection.enabled=false", "--set", "controller.replicas=1")
+	dep := find[*appsv1.Deployment](objs, "tessera-controller")
+	require.Equal(t, appsv1.RecreateDeploymentStrategyType, dep.Spec.Strategy.Type)
+	require.Contains(t, dep.Spec.Template.Spec.Containers[0].Args, "--leader-elect=false")
+	dep = find[*appsv1.Deployment](render(t), "tessera-controller")
+	require.NotEqual(t, appsv1.RecreateDeploymentStrategyType, dep.Spec.Strategy.Type)
+}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/controller/app"
 	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/internal/assignment"
 )
 
@@ -175,13 +177,52 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	c, err := app.New(o.appConfig(rc))
+	cfg := o.appConfig(rc)
+	if v := os.Getenv(kube.EnvTestCommitHook); v != "" {
+		if cfg.CommitHook, err = testCommitHook(v); err != nil {
+			return err
+		}
+	}
+	c, err := app.New(cfg)
 	if err != nil {
 		return err
 	}
 	klog.InfoS("Starting tessera-controller", "identity", c.Identity(), "leaderElect", o.leaderElect,
 		"interval", o.interval, "placement", o.placement, "consolidation", o.consolidation, "qps", o.qps, "burst", o.burst)
 	return c.Run(ctx)
+}
+
+// testCommitHook is the test hook kube.EnvTestCommitHook asks for: at the
+// first time the commit reaches the point, exit (status 3, a crash there)
+// or stop the whole process with SIGSTOP (a long pause there, until the
+// test sends SIGCONT).
+func testCommitHook(v string) (func(kube.HookPoint), error) {
+	point, action, err := kube.ParseTestCommitHook(v)
+	if err != nil {
+		return nil, err
+	}
+	var once sync.Once
+	return func(p kube.HookPoint) {
+		if p != point {
+			return
+		}
+		once.Do(func() {
+			klog.InfoS("Test hook: at a commit point", "point", p, "action", action)
+			klog.Flush()
+			if action == kube.HookExit {
+				os.Exit(3)
+			}
+			// SIGSTOP reaches the threads a moment after kill returns: wait
+			// for SIGCONT, or this goroutine could run on into its next
+			// write before the process stops.
+			cont := make(chan os.Signal, 1)
+			signal.Notify(cont, syscall.SIGCONT)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			<-cont
+			signal.Stop(cont)
+			klog.InfoS("Test hook: resumed", "point", p)
+		})
+	}, nil
 }
 
 func main() {

@@ -85,6 +85,9 @@ type Config struct {
 	// OnLeading, when set, is told each time this replica starts (true) or
 	// stops (false) leading; tests use it.
 	OnLeading func(leading bool)
+	// CommitHook, when set, is called at the commit's hook points
+	// (kube.Options.Hook); tests only.
+	CommitHook func(kube.HookPoint)
 }
 
 // Controller is one tessera-controller replica.
@@ -97,6 +100,9 @@ type Controller struct {
 	electing  atomic.Bool
 	leaderG   prometheus.Gauge
 	watchdog  *leaderelection.HealthzAdaptor
+	// fence checks, before each write of a commit, that the Lease is ours
+	// and fresh (fence.go); nil without leader election.
+	fence     *leaseFence
 	servers   []*httpServer
 	webhook   *webhook.Server
 	startOnce sync.Once
@@ -154,11 +160,16 @@ func New(cfg Config) (*Controller, error) {
 	}
 	reg.MustRegister(c.leaderG)
 	metrics := kube.NewMetrics(reg)
-	c.scheduler, err = kube.New(kube.Options{
+	opts := kube.Options{
 		Client: client, Dynamic: dyn,
 		Interval: cfg.Interval, Core: cfg.Core, Workers: cfg.Workers,
-		Metrics: metrics, GPUResource: cfg.GPUResource,
-	})
+		Metrics: metrics, GPUResource: cfg.GPUResource, Hook: cfg.CommitHook,
+	}
+	if cfg.LeaderElect {
+		c.fence = newLeaseFence(cfg.Identity, cfg.RenewDeadline)
+		opts.Fence = c.fence.Check
+	}
+	c.scheduler, err = kube.New(opts)
 	if err != nil {
 		return nil, fmt.Errorf("app: scheduler: %w", err)
 	}
@@ -249,11 +260,11 @@ func (c *Controller) runScheduler(ctx context.Context) error {
 }
 
 func (c *Controller) runElected(ctx context.Context) error {
-	lock := &resourcelock.LeaseLock{
+	lock := fencedLock{Interface: &resourcelock.LeaseLock{
 		LeaseMeta:  metaFor(c.cfg.LeaseNamespace, c.cfg.LeaseName),
 		Client:     c.client.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: c.cfg.Identity},
-	}
+	}, fence: c.fence}
 	// The elector gets its own context, ended only after the scheduler has
 	// stopped: with ReleaseOnCancel the Lease must not be given up while a
 	// commit of ours may still be in flight, or the next leader could start
@@ -343,6 +354,9 @@ func (c *Controller) runElected(ctx context.Context) error {
 	mu.Lock()
 	defer mu.Unlock()
 	switch {
+	case errors.Is(schedErr, kube.ErrFenced):
+		// Fenced: stepped down like a lost election, and exits the same way.
+		return fmt.Errorf("%w: %w", ErrLeadershipLost, schedErr)
 	case schedErr != nil:
 		return schedErr
 	case ctx.Err() != nil:

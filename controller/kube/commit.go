@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -33,6 +34,9 @@ type commitStats struct {
 	// waiting maps pods whose placement waits for a GPU being released
 	// (not a failure) to why.
 	waiting map[string]string
+	// fenced is set (to an error wrapping ErrFenced) once Options.Fence
+	// refused a write: nothing more is written, rollbacks neither.
+	fenced atomic.Pointer[error]
 }
 
 // nominationTimeout bounds how long a nominated pod waits for its victims
@@ -70,7 +74,7 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 	s.parallel(len(idx.adopt), func(i int) {
 		a := idx.adopt[i]
 		ref := idx.pods[a.pod]
-		if ref == nil {
+		if ref == nil || s.fence(ctx, st, "binding a pod whose claims are allocated") != nil {
 			return
 		}
 		adopted, err := s.bind(ctx, ref.pod, a.node)
@@ -91,10 +95,17 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 	// Evictions, in parallel; none of a plan a budget refuses part of.
 	spared := s.refusedPlans(ctx, res.Evictions, idx, now)
 	evictedOK := map[string]bool{}
+	var evictionsSent atomic.Int64
 	s.parallel(len(res.Evictions), func(i int) {
 		ev := res.Evictions[i]
 		ref := idx.pods[ev.Pod]
 		if ref == nil || spared[ev.Plan] {
+			return
+		}
+		if evictionsSent.Add(1) > 1 {
+			s.hook(HookMidEvictions)
+		}
+		if s.fence(ctx, st, "evicting pod "+ev.Pod) != nil {
 			return
 		}
 		err := s.evict(ctx, ref.pod, ev, false)
@@ -152,7 +163,7 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 		}
 		byJob[b.Job] = append(byJob[b.Job], b)
 	}
-	if len(jobOrder) == 0 {
+	if len(jobOrder) == 0 || st.fenced.Load() != nil {
 		return st
 	}
 	state := idx.allocatedState(s)
@@ -211,10 +222,14 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 	}
 
 	volumes := &volumeReservations{taken: map[string]bool{}}
+	var jobsStarted atomic.Int64
 	s.parallel(len(jobOrder), func(j int) {
 		jp := plans[j]
 		if jp == nil {
 			return
+		}
+		if jobsStarted.Add(1) > 1 {
+			s.hook(HookBetweenJobs)
 		}
 		// Volumes to provision are sent to the chosen node first (as
 		// kube-scheduler's VolumeBinding does before DynamicResources),
@@ -223,6 +238,10 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 		var written []writtenClaim
 		var failure error
 		for _, p := range jp {
+			if err := s.fence(ctx, st, "writing job "+jobOrder[j]); err != nil {
+				failure = err
+				break
+			}
 			if err := s.selectNode(ctx, p.ref.pod, idx.nodes[p.node], volumes); err != nil {
 				failure = err
 				break
@@ -233,6 +252,9 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 				break
 			}
 			for _, c := range p.ref.claims {
+				if failure = s.fence(ctx, st, "writing claim "+c.Namespace+"/"+c.Name); failure != nil {
+					break
+				}
 				a, ok := p.allocs[c.Name]
 				c2, added, err := s.reserveClaim(ctx, c, a, ok, p.ref.pod)
 				if err != nil {
@@ -255,15 +277,25 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 				break
 			}
 			if p.assign != nil {
+				if failure = s.fence(ctx, st, "writing the GPU assignment of pod "+p.ref.pod.Namespace+"/"+p.ref.pod.Name); failure != nil {
+					break
+				}
 				if err := s.writeAssignment(ctx, p.ref.pod, *p.assign); err != nil {
 					failure = fmt.Errorf("writing the GPU assignment of pod %s/%s: %w", p.ref.pod.Namespace, p.ref.pod.Name, err)
 				}
 			}
 		}
 		if failure == nil {
+			s.hook(HookAfterClaims)
 			var bound []*v1.Pod
 			adopted := 0
-			for _, p := range jp {
+			for i, p := range jp {
+				if i > 0 {
+					s.hook(HookBetweenBinds)
+				}
+				if failure = s.fence(ctx, st, "binding pod "+p.ref.pod.Namespace+"/"+p.ref.pod.Name); failure != nil {
+					break
+				}
 				a, err := s.bind(ctx, p.ref.pod, p.node)
 				if err != nil {
 					failure = fmt.Errorf("binding pod %s/%s: %w", p.ref.pod.Namespace, p.ref.pod.Name, err)
@@ -274,7 +306,7 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 				}
 				bound = append(bound, p.ref.pod)
 			}
-			if failure != nil && len(bound) > 0 {
+			if failure != nil && len(bound) > 0 && !errors.Is(failure, ErrFenced) {
 				// A gang is never left half-bound: remove the members that
 				// were bound; their controllers recreate them.
 				for _, pod := range bound {
@@ -298,6 +330,13 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 				}
 				return
 			}
+		}
+		if errors.Is(failure, ErrFenced) {
+			// No rollback either: those are writes too. What was written
+			// is what a crash at this point leaves; the next leader adopts
+			// pods whose claims are allocated (cache.go) and the stale-gang
+			// rule ends a gang left below its minimum.
+			return
 		}
 		st.apiErrors.Add(1)
 		klog.ErrorS(failure, "Committing job failed; rolling back its claims", "job", jobOrder[j])

@@ -25,6 +25,7 @@ type Metrics struct {
 	// disagree with the assignment (devicePluginPlacement).
 	assignmentsIgnored *prometheus.CounterVec
 	nodeDisagreements  prometheus.Counter
+	fenced             prometheus.Counter
 }
 
 // NewMetrics registers the scheduler's metrics with reg.
@@ -46,9 +47,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "GPU assignment annotations ignored on bound pods that do not ask for what they assign (counted once per pod and value), by reason."}, []string{"reason"}),
 		nodeDisagreements: prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_device_plugin_disagreements_total",
 			Help: "Device-plugin pods whose node records other GPUs than their assignment (the kubelet chose others); counted once per pod."}),
+		fenced: prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_fenced_commits_total",
+			Help: "Commits stopped before a write because the leader Lease was no longer surely ours (the replica then steps down)."}),
 	}
 	reg.MustRegister(m.queueFairShare, m.queueAllocated, m.queuePending, m.pendingPods, m.cycle, m.decide, m.action, m.binds, m.evictions, m.apiErrors, m.bindFailures,
-		m.assignmentsIgnored, m.nodeDisagreements)
+		m.assignmentsIgnored, m.nodeDisagreements, m.fenced)
 	return m
 }
 

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -69,6 +70,15 @@ type Options struct {
 	// nvidia.com/gpu): a pod asking for it gets that many GPUs from the core
 	// and an assignment annotation (assign.go).
 	GPUResource string
+	// Fence, when set, is asked before every write of a commit whether this
+	// replica may still write (nil) or not (why): the leader election's
+	// check that the Lease is still ours and renewed within its deadline.
+	// A refusal ends the commit, the cycle and Run with ErrFenced. Nil: no
+	// fencing (no leader election: one replica only).
+	Fence func() error
+	// Hook, when set, is called at the commit's HookPoints; tests stop or
+	// crash the process there (EnvTestCommitHook).
+	Hook func(HookPoint)
 }
 
 // Scheduler is tessera-scheduler: informers in, core decisions out.
@@ -416,7 +426,9 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	ticker := time.NewTicker(s.opts.Interval)
 	defer ticker.Stop()
 	for {
-		if err := s.RunOnce(ctx); err != nil {
+		if err := s.RunOnce(ctx); errors.Is(err, ErrFenced) {
+			return err
+		} else if err != nil {
 			klog.ErrorS(err, "Scheduling cycle failed")
 		}
 		select {
@@ -452,6 +464,9 @@ func (s *Scheduler) RunOnce(ctx context.Context) error {
 	m := s.opts.Metrics
 	if m != nil {
 		m.observeCommit(res, idx, stats)
+	}
+	if err := s.fence(ctx, stats, "writing statuses"); err != nil {
+		return err // a fenced replica writes nothing more, statuses neither
 	}
 	s.report(ctx, res, idx, stats)
 	if m != nil {

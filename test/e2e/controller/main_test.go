@@ -36,8 +36,7 @@ import (
 
 // saUser is the identity the RBAC manifests grant to, as the API server sees
 // a token of that ServiceAccount.
-var saUser = []string{"system:serviceaccount:" + rbac.Namespace + ":" + rbac.ServiceAccount,
-	"system:serviceaccounts", "system:serviceaccounts:" + rbac.Namespace, "system:authenticated"}
+var saUser = framework.ControllerUser
 
 // shared is the package's control plane with kwok, the CRDs, the
 // DeviceClasses, namespace tessera-system and the RBAC manifests applied.
