@@ -415,6 +415,7 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 	addDevicePluginHeld(idx, assigned, jobs, &jobOrder)
 	addHostPorts(snap, jobs)
 	s.addAttachLimits(snap, jobs)
+	jobOrder = holdIncompleteGangs(idx, jobs, jobOrder)
 	for _, name := range jobOrder {
 		j := jobs[name]
 		if since, ok := s.belowSince[name]; ok {
