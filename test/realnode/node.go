@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -444,23 +443,4 @@ type proc = childproc.Process
 // if this test binary dies without its cleanups.
 func recordPID(p *proc) {
 	_ = os.WriteFile(filepath.Join(stateDir, p.Name+".pid"), []byte(strconv.Itoa(p.Cmd.Process.Pid)+"\n"), 0o644)
-}
-
-// PauseKubelet freezes the kubelet (SIGSTOP) until ResumeKubelet: pods
-// bound meanwhile wait for admission, which then happens in the kubelet's
-// order (oldest creation first). The Node stays Ready for the node monitor's
-// grace period (40 s or more), so keep the pause short.
-func (n *Node) PauseKubelet() error {
-	if err := n.kubelet.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		return fmt.Errorf("pausing the kubelet: %w", err)
-	}
-	return nil
-}
-
-// ResumeKubelet lets a paused kubelet go on (SIGCONT).
-func (n *Node) ResumeKubelet() error {
-	if err := n.kubelet.Cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		return fmt.Errorf("resuming the kubelet: %w", err)
-	}
-	return nil
 }
