@@ -13,7 +13,7 @@ import (
 const (
 	nodeHdr = "sn,cpu_milli,memory_mib,gpu,model\n"
 	podHdr  = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
-	dataDir = "../../../shared/data/openb"
+	dataDir = "../testdata/openb"
 )
 
 func write(t *testing.T, name, body string) string {
@@ -215,7 +215,7 @@ func TestReplaySmallCluster(t *testing.T) {
 func loadTrace(tb testing.TB) ([]Node, []Pod) {
 	nodes, err := LoadNodes(filepath.Join(dataDir, "openb_node_list_gpu_node.csv"))
 	if err != nil {
-		tb.Skipf("trace not available: %v", err)
+		tb.Fatalf("the trace is in the repo (controller/testdata/openb): %v", err)
 	}
 	pods, err := LoadPods(filepath.Join(dataDir, "openb_pod_list_default.csv"))
 	if err != nil {
