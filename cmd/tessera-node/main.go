@@ -33,6 +33,7 @@ import (
 	"github.com/tessera-gpu/tessera/driver"
 	"github.com/tessera-gpu/tessera/gpu"
 	"github.com/tessera-gpu/tessera/internal/assignment"
+	"github.com/tessera-gpu/tessera/internal/gpufault"
 	"github.com/tessera-gpu/tessera/internal/killpoint"
 	"github.com/tessera-gpu/tessera/sharing"
 )
@@ -141,9 +142,9 @@ func run(ctx context.Context, c config) error {
 	}
 
 	var inv gpu.Inventory
+	var fake *gpu.Fake
 	if c.fakeGPUs != "" {
-		fake, err := gpu.NewFake(c.fakeGPUs, c.nodeName)
-		if err != nil {
+		if fake, err = gpu.NewFake(c.fakeGPUs, c.nodeName); err != nil {
 			return err
 		}
 		inv = fake
@@ -207,7 +208,11 @@ func run(ctx context.Context, c config) error {
 		}
 	}
 	logger.Info("Started", "node", c.nodeName, "fakeGPUs", c.fakeGPUs, "devicePlugin", c.devicePlugin, "duration", time.Since(start))
-	if err := armKillPoint(logger); err != nil {
+	err = armKillPoint(logger)
+	if err == nil {
+		err = armGPUFaults(ctx, logger, fake)
+	}
+	if err != nil {
 		if plugins != nil {
 			plugins.Stop()
 		}
@@ -272,6 +277,26 @@ func armKillPoint(logger klog.Logger) error {
 		select {} // the signal is on its way
 	}))
 	logger.Info("Test kill point armed", "point", point, "nth", nth)
+	return nil
+}
+
+// armGPUFaults starts watching the test fault file named by gpufault.Env,
+// if any: the fake GPUs it lists become unhealthy until it no longer lists
+// them. Refused without fake GPUs, so that it can never act on real ones.
+func armGPUFaults(ctx context.Context, logger klog.Logger, fake *gpu.Fake) error {
+	path := os.Getenv(gpufault.Env)
+	if path == "" {
+		return nil
+	}
+	if fake == nil {
+		return fmt.Errorf("%s is set (%q) but there are no fake GPUs: it is for tests with --fake-gpus only", gpufault.Env, path)
+	}
+	devs, err := fake.Devices()
+	if err != nil {
+		return fmt.Errorf("listing fake GPUs for %s: %w", gpufault.Env, err)
+	}
+	go gpufault.Watch(klog.NewContext(ctx, logger), path, len(devs), fake)
+	logger.Info("Test GPU fault file armed", "file", path, "gpus", len(devs))
 	return nil
 }
 

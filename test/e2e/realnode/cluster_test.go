@@ -134,6 +134,17 @@ var saUser = []string{"system:serviceaccount:" + rbac.Namespace + ":" + rbac.Ser
 
 func setup(t *testing.T) *cluster {
 	t.Helper()
+	return setupWith(t, setupOptions{})
+}
+
+// setupOptions add to the daemons' environments: the test hooks that
+// tessera-node and tessera-controller arm from there.
+type setupOptions struct {
+	agentEnv, controllerEnv []string
+}
+
+func setupWith(t *testing.T, opts setupOptions) *cluster {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("real-node end-to-end test skipped with -short")
 	}
@@ -184,10 +195,10 @@ func setup(t *testing.T) *cluster {
 			"--device-plugin-dir", node.DevicePluginsDir,
 			"--v", "2",
 		},
-		env: []string{
+		env: append([]string{
 			"PATH=" + standInDir + ":" + os.Getenv("PATH"),
 			drivertest.RecordEnv + "=" + c.mpsRecord,
-		},
+		}, opts.agentEnv...),
 	}
 	// Registered once, also for restarts: cleanups run last-in first-out,
 	// and the pods must go while tessera-node still runs, since the kubelet
@@ -199,7 +210,7 @@ func setup(t *testing.T) *cluster {
 			t.Errorf("deleting pods: %v", err)
 		}
 	})
-	c.startController(t, filepath.Join(bins, "tessera-controller"))
+	c.startController(t, filepath.Join(bins, "tessera-controller"), opts.controllerEnv)
 	c.waitSlices(t)
 	c.waitAllocatable(t, gpuCount)
 	return c
@@ -208,7 +219,7 @@ func setup(t *testing.T) *cluster {
 // startController runs the tessera-controller binary as its ServiceAccount
 // with the shipped RBAC and the scheduling CRDs, with leader election as in
 // a deployment, and waits until it leads.
-func (c *cluster) startController(t *testing.T, bin string) {
+func (c *cluster) startController(t *testing.T, bin string, env []string) {
 	t.Helper()
 	start := time.Now()
 	ctx := context.Background()
@@ -239,6 +250,7 @@ func (c *cluster) startController(t *testing.T, bin string) {
 			"--leader-elect-namespace", rbac.Namespace,
 			"--v", "2",
 		},
+		env: env,
 	}
 	t.Cleanup(func() { c.controller.stop(t) })
 	c.controller.start(t)
