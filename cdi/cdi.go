@@ -31,11 +31,13 @@ import (
 
 	"github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/internal/draname"
 )
 
 const (
-	// Vendor and Class make the CDI kind gpu.tessera.dev/claim.
-	Vendor = "gpu.tessera.dev"
+	// Vendor and Class make the CDI kind gpu.tessera.dev/claim; the vendor
+	// is the DRA driver's name (internal/draname).
+	Vendor = draname.Driver
 	Class  = "claim"
 	Kind   = Vendor + "/" + Class
 
@@ -48,8 +50,8 @@ const (
 	ContainerMPSPipeDir = "/tmp/nvidia-mps"
 
 	// Spec annotations, for people and for List.
-	AnnotationClaimUID = "gpu.tessera.dev/claim-uid"
-	AnnotationClaim    = "gpu.tessera.dev/claim"
+	AnnotationClaimUID = draname.Driver + "/claim-uid"
+	AnnotationClaim    = draname.Driver + "/claim"
 
 	specExt = ".json"
 )

@@ -31,12 +31,13 @@ import (
 	"github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	"github.com/tessera-gpu/tessera/cdi"
 	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/internal/draname"
 	"github.com/tessera-gpu/tessera/internal/killpoint"
 	"github.com/tessera-gpu/tessera/sharing"
 )
 
-// DriverName is the DRA driver name (DESIGN.md, Names).
-const DriverName = "gpu.tessera.dev"
+// DriverName is the DRA driver name (internal/draname; DESIGN.md, Names).
+const DriverName = draname.Driver
 
 // DefaultBootIDPath is where Linux exposes the boot ID.
 const DefaultBootIDPath = "/proc/sys/kernel/random/boot_id"

@@ -14,57 +14,49 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/gpu"
-	"github.com/tessera-gpu/tessera/internal/assignment"
+	"github.com/tessera-gpu/tessera/internal/draname"
 )
 
-// Attribute and capacity names published for every GPU.
+// Attribute and capacity names published for every GPU: internal/draname's,
+// typed for the ResourceSlice API. The exported aliases keep the tests and
+// tools that name them through this package unchanged.
 const (
-	AttrUUID                  resourceapi.QualifiedName = DriverName + "/uuid"
-	AttrIndex                 resourceapi.QualifiedName = DriverName + "/index"
-	AttrProductName           resourceapi.QualifiedName = DriverName + "/productName"
-	AttrArchitecture          resourceapi.QualifiedName = DriverName + "/architecture"
-	AttrCUDAComputeCapability resourceapi.QualifiedName = DriverName + "/cudaComputeCapability"
-	AttrDriverVersion         resourceapi.QualifiedName = DriverName + "/driverVersion"
-	AttrMultiprocessors       resourceapi.QualifiedName = DriverName + "/multiprocessors"
-	AttrNVLinkDomain          resourceapi.QualifiedName = DriverName + "/nvlinkDomain"
-	AttrNVLinkPeers           resourceapi.QualifiedName = DriverName + "/nvlinkPeers"
-	AttrMode                  resourceapi.QualifiedName = DriverName + "/mode"
+	AttrUUID                  resourceapi.QualifiedName = draname.AttrUUID
+	AttrIndex                 resourceapi.QualifiedName = draname.AttrIndex
+	AttrProductName           resourceapi.QualifiedName = draname.AttrProductName
+	AttrArchitecture          resourceapi.QualifiedName = draname.AttrArchitecture
+	AttrCUDAComputeCapability resourceapi.QualifiedName = draname.AttrCUDAComputeCapability
+	AttrDriverVersion         resourceapi.QualifiedName = draname.AttrDriverVersion
+	AttrMultiprocessors       resourceapi.QualifiedName = draname.AttrMultiprocessors
+	AttrNVLinkDomain          resourceapi.QualifiedName = draname.AttrNVLinkDomain
+	AttrNVLinkPeers           resourceapi.QualifiedName = draname.AttrNVLinkPeers
+	AttrMode                  resourceapi.QualifiedName = draname.AttrMode
 	AttrPCIBusID                                        = deviceattribute.StandardDeviceAttributePCIBusID
 	AttrPCIeRoot                                        = deviceattribute.StandardDeviceAttributePCIeRoot
-	AttrNUMANode              resourceapi.QualifiedName = "numaNode"
+	AttrNUMANode              resourceapi.QualifiedName = draname.AttrNUMANode
 
 	// CapacityMemory is the consumable GPU memory, in bytes.
-	CapacityMemory resourceapi.QualifiedName = "memory"
+	CapacityMemory resourceapi.QualifiedName = draname.CapacityMemory
 
 	// TaintUnhealthy is the device taint key of a GPU that NVML reports
 	// unhealthy; NoSchedule keeps new claims off it while running pods stay.
-	TaintUnhealthy = DriverName + "/unhealthy"
+	TaintUnhealthy = draname.TaintUnhealthy
 
-	// TaintDevicePlugin marks a GPU the device plugin holds
-	// (internal/assignment, shared with tessera-controller).
-	TaintDevicePlugin = assignment.TaintDevicePlugin
-	TaintValueWhole   = assignment.TaintWhole
-	TaintValueShared  = assignment.TaintShared
+	// TaintDevicePlugin marks a GPU the device plugin holds, value
+	// TaintValueWhole or TaintValueShared.
+	TaintDevicePlugin = draname.TaintDevicePlugin
+	TaintValueWhole   = draname.TaintWhole
+	TaintValueShared  = draname.TaintShared
 	// AttrDevicePluginPod is, on a GPU held whole by the device plugin, the
-	// UID of the pod the kubelet gave it to (internal/assignment).
-	AttrDevicePluginPod resourceapi.QualifiedName = assignment.AttrDevicePluginPod
+	// UID of the pod the kubelet gave it to.
+	AttrDevicePluginPod resourceapi.QualifiedName = draname.AttrDevicePluginPod
 )
 
 // DeviceName is the name of GPU index in the node's pool.
-func DeviceName(index int) string { return "gpu-" + strconv.Itoa(index) }
+func DeviceName(index int) string { return draname.DeviceName(index) }
 
 // deviceIndex parses a DeviceName; -1 when it is not one of ours.
-func deviceIndex(name string) int {
-	s, ok := strings.CutPrefix(name, "gpu-")
-	if !ok {
-		return -1
-	}
-	i, err := strconv.Atoi(s)
-	if err != nil || i < 0 || strconv.Itoa(i) != s {
-		return -1
-	}
-	return i
-}
+func deviceIndex(name string) int { return draname.DeviceIndex(name) }
 
 // SemverVersion normalizes an NVIDIA version string to semantic versioning,
 // which DRA version attributes require: missing parts become 0 and leading

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/controller/core"
 	"github.com/tessera-gpu/tessera/internal/assignment"
+	"github.com/tessera-gpu/tessera/internal/draname"
 )
 
 // The device-plugin path: a pod that asks for GPUs through extended
@@ -34,7 +35,7 @@ func assignmentPlacement(node string, a assignment.Assignment, gpus *nodeGPUs) c
 		return pl
 	}
 	for _, idx := range a.GPUs {
-		pos, ok := gpus.byDevice[deviceName(idx)]
+		pos, ok := gpus.byDevice[draname.DeviceName(idx)]
 		if !ok {
 			continue
 		}
@@ -123,7 +124,7 @@ func placementAssignment(pl core.Placement, req core.Request, gpus *nodeGPUs) (a
 				a.UUIDs = nil
 				break
 			}
-			u, ok := d.Attributes[attrUUID]
+			u, ok := d.Attributes[draname.AttrUUID]
 			if !ok || u.StringValue == nil {
 				a.UUIDs = nil
 				break
@@ -250,7 +251,7 @@ func readAssignment(pod *v1.Pod, other map[string]int64, gpuResource string) *po
 }
 
 // recordOf lists (ascending) the GPUs the node's slice records as held
-// whole by the pod with uid (attrDevicePluginPod): what the kubelet really
+// whole by the pod with uid (draname.AttrDevicePluginPod): what the kubelet really
 // gave it.
 func (g *nodeGPUs) recordOf(uid types.UID) []int {
 	if g == nil {
@@ -258,7 +259,7 @@ func (g *nodeGPUs) recordOf(uid types.UID) []int {
 	}
 	var out []int
 	for _, gp := range g.gpus {
-		if g.dpPod[deviceName(gp.Index)] == uid {
+		if g.dpPod[draname.DeviceName(gp.Index)] == uid {
 			out = append(out, gp.Index)
 		}
 	}
@@ -334,7 +335,7 @@ func topUp(rec, assigned []int, want int, gpus *nodeGPUs, uid types.UID) []int {
 		if slices.Contains(out, g) {
 			continue
 		}
-		if holder := gpus.dpPod[deviceName(g)]; holder != "" && holder != uid {
+		if holder := gpus.dpPod[draname.DeviceName(g)]; holder != "" && holder != uid {
 			continue
 		}
 		out = append(out, g)

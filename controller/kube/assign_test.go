@@ -21,6 +21,7 @@ import (
 	"github.com/tessera-gpu/tessera/driver"
 	"github.com/tessera-gpu/tessera/gpu"
 	"github.com/tessera-gpu/tessera/internal/assignment"
+	"github.com/tessera-gpu/tessera/internal/draname"
 )
 
 // fourGPUs is a node of four 80 GiB GPUs with UUIDs GPU-0..GPU-3.
@@ -29,7 +30,7 @@ func fourGPUs(t *testing.T) *nodeGPUs {
 	sl := &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{Driver: DriverName, NodeName: &node, Pool: resourceapi.ResourcePool{Name: node, Generation: 1}}}
 	for i := int64(0); i < 4; i++ {
 		d := device(i, "d", false)
-		d.Attributes[attrUUID] = resourceapi.DeviceAttribute{StringValue: ptr.To(fmt.Sprintf("GPU-%d", i))}
+		d.Attributes[draname.AttrUUID] = resourceapi.DeviceAttribute{StringValue: ptr.To(fmt.Sprintf("GPU-%d", i))}
 		sl.Spec.Devices = append(sl.Spec.Devices, d)
 	}
 	g := gpusFromSlices([]*resourceapi.ResourceSlice{sl})

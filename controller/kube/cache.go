@@ -17,6 +17,7 @@ import (
 
 	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
 	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/internal/draname"
 )
 
 // cycleIndex remembers, for one cycle, which Kubernetes objects stand behind
@@ -673,7 +674,7 @@ func addExternalHolder(idx *cycleIndex, jobs map[string]*core.Job, jobOrder *[]s
 }
 
 // addDevicePluginHeld adds, for each node whose slice taints GPUs as held by
-// the device plugin (taintDevicePlugin) that no bound pod's assignment
+// the device plugin (draname.TaintDevicePlugin) that no bound pod's assignment
 // accounts for, a bound pod of the external queue holding those GPUs whole.
 // Such a GPU is held by a pod another scheduler bound with nvidia.com/gpu
 // (it has no assignment), or by a pod gone from the cache whose release
@@ -693,7 +694,7 @@ func addDevicePluginHeld(idx *cycleIndex, assigned map[string]map[int]bool, jobs
 		g := idx.gpus[node]
 		pl := core.Placement{Node: node}
 		for _, gp := range g.gpus {
-			dev := deviceName(gp.Index)
+			dev := draname.DeviceName(gp.Index)
 			if _, held := g.dpHeld[dev]; !held || assigned[node][gp.Index] {
 				continue
 			}

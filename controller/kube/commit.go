@@ -22,6 +22,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/controller/core"
 	"github.com/tessera-gpu/tessera/internal/assignment"
+	"github.com/tessera-gpu/tessera/internal/draname"
 )
 
 // commitStats says what a commit did.
@@ -563,7 +564,7 @@ func (s *Scheduler) allocate(ctx context.Context, ref *podRef, idx *cycleIndex, 
 	}
 	chosen := sets.New[string]()
 	for _, g := range pl.GPUs {
-		chosen.Insert(deviceName(g))
+		chosen.Insert(draname.DeviceName(g))
 	}
 	local, err := s.sliceIndexer.ByIndex(sliceNodeIndex, pl.Node)
 	if err != nil {
@@ -593,7 +594,7 @@ func (s *Scheduler) allocate(ctx context.Context, ref *podRef, idx *cycleIndex, 
 				// the allocator. "whole" stays, a second guard.
 				d := &narrowed.Spec.Devices[i]
 				d.Taints = slicesFilter(d.Taints, func(t resourceapi.DeviceTaint) bool {
-					return t.Key != taintDevicePlugin || t.Value != taintShared
+					return t.Key != draname.TaintDevicePlugin || t.Value != draname.TaintShared
 				})
 			}
 			sl = narrowed
@@ -757,7 +758,7 @@ func releasingGPU(idx *cycleIndex, binds []core.Bind) string {
 			continue
 		}
 		for _, gpu := range b.Placement.GPUs {
-			if claim, ok := idx.releasing[g.pool+"/"+deviceName(gpu)]; ok {
+			if claim, ok := idx.releasing[g.pool+"/"+draname.DeviceName(gpu)]; ok {
 				return fmt.Sprintf("waiting for GPU %d of node %s: claim %s of a pod that is gone is being deallocated", gpu, b.Placement.Node, claim)
 			}
 		}

@@ -4,13 +4,17 @@
 // allocations, bindings, evictions, status) back to the API server.
 package kube
 
-import "github.com/tessera-gpu/tessera/internal/assignment"
+import (
+	"github.com/tessera-gpu/tessera/internal/assignment"
+	"github.com/tessera-gpu/tessera/internal/draname"
+)
 
 const (
 	// SchedulerName is the schedulerName of the pods Tessera schedules.
 	SchedulerName = "tessera-scheduler"
-	// DriverName is Tessera's DRA driver.
-	DriverName = "gpu.tessera.dev"
+	// DriverName is Tessera's DRA driver (internal/draname; kept exported
+	// for the tests and tools that name it through this package).
+	DriverName = draname.Driver
 
 	// LabelQueue names a pod's leaf queue; no label means DefaultQueue.
 	LabelQueue = "tessera.dev/queue"
@@ -35,23 +39,8 @@ const (
 	// (no quota, no limit) when no Queue object of that name does.
 	DefaultQueue = "default"
 
-	// Device attributes and capacity published by tessera-node.
-	attrIndex        = DriverName + "/index"
-	attrProductName  = DriverName + "/productName"
-	attrNVLinkDomain = DriverName + "/nvlinkDomain"
-	attrUUID         = DriverName + "/uuid"
-	capacityMemory   = "memory"
-
-	// taintDevicePlugin is the device taint tessera-node puts on a GPU its
-	// device plugin holds, value taintWhole or taintShared. It keeps kube-scheduler's claims off the GPU; the
-	// controller knows these pods by their assignment, so the key does not
-	// make a GPU unusable here (see gpusFromSlices, addDevicePluginHeld).
-	taintDevicePlugin = assignment.TaintDevicePlugin
-	taintWhole        = assignment.TaintWhole
-	taintShared       = assignment.TaintShared
-	// attrDevicePluginPod is, on a GPU held whole by a device-plugin pod,
-	// that pod's UID: the node's record of what the kubelet gave it.
-	attrDevicePluginPod = assignment.AttrDevicePluginPod
+	// The device attributes, capacity and taints tessera-node publishes are
+	// internal/draname's; gpusFromSlices and addDevicePluginHeld read them.
 
 	// finalizerDeleteProtection keeps an allocated claim from being deleted
 	// while a pod may still use it (kube-scheduler uses the same one).
@@ -66,7 +55,7 @@ const (
 // Sharing modes of the DeviceClasses that ship with Tessera; other classes
 // selecting gpu.tessera.dev devices get their mode from their opaque config.
 var classSharing = map[string]string{
-	"gpu.tessera.dev":           "Exclusive",
-	"mps.gpu.tessera.dev":       "MPS",
-	"timeslice.gpu.tessera.dev": "TimeSlicing",
+	draname.ClassExclusive:   "Exclusive",
+	draname.ClassMPS:         "MPS",
+	draname.ClassTimeSlicing: "TimeSlicing",
 }

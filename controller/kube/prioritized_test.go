@@ -20,6 +20,7 @@ import (
 
 	gpuconfig "github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/internal/draname"
 )
 
 // firstAvailable builds a claim with one request "gpu" of subrequests.
@@ -30,7 +31,7 @@ func firstAvailable(name string, subs ...resourceapi.DeviceSubRequest) *resource
 }
 
 func memRequest(q string) *resourceapi.CapacityRequirements {
-	return &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{capacityMemory: resource.MustParse(q)}}
+	return &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{draname.CapacityMemory: resource.MustParse(q)}}
 }
 
 func TestPodGPURequestFirstAvailable(t *testing.T) {
@@ -96,9 +97,9 @@ func TestPodGPURequestFirstAvailable(t *testing.T) {
 func TestAllocatorPicksTheCoreAlternative(t *testing.T) {
 	classes := []*resourceapi.DeviceClass{class("gpu.tessera.dev", gpuconfig.Exclusive), class("mps.gpu.tessera.dev", gpuconfig.MPS)}
 	dev := func(i int) resourceapi.Device {
-		return resourceapi.Device{Name: deviceName(i), AllowMultipleAllocations: ptr.To(true),
-			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{attrIndex: {IntValue: ptr.To(int64(i))}},
-			Capacity:   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{capacityMemory: {Value: resource.MustParse("80Gi")}}}
+		return resourceapi.Device{Name: draname.DeviceName(i), AllowMultipleAllocations: ptr.To(true),
+			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{draname.AttrIndex: {IntValue: ptr.To(int64(i))}},
+			Capacity:   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{draname.CapacityMemory: {Value: resource.MustParse("80Gi")}}}
 	}
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}}
 	slice := func(devs ...int) *resourceapi.ResourceSlice {
@@ -115,8 +116,8 @@ func TestAllocatorPicksTheCoreAlternative(t *testing.T) {
 	// GPU 0 holds a 20Gi share of another claim.
 	other := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "other"}}
 	other.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
-		Request: "gpu", Driver: DriverName, Pool: "n", Device: deviceName(0), ShareID: ptr.To(types.UID("a")),
-		ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{capacityMemory: resource.MustParse("20Gi")},
+		Request: "gpu", Driver: DriverName, Pool: "n", Device: draname.DeviceName(0), ShareID: ptr.To(types.UID("a")),
+		ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{draname.CapacityMemory: resource.MustParse("20Gi")},
 	}}}}
 	used := *allocatedState([]*resourceapi.ResourceClaim{other})
 	allocate := func(gpu int, claims ...*resourceapi.ResourceClaim) string {
@@ -127,7 +128,7 @@ func TestAllocatorPicksTheCoreAlternative(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, res, 1)
 		require.Len(t, res[0].Devices.Results, 1)
-		assert.Equal(t, deviceName(gpu), res[0].Devices.Results[0].Device)
+		assert.Equal(t, draname.DeviceName(gpu), res[0].Devices.Results[0].Device)
 		return res[0].Devices.Results[0].Request
 	}
 	choice := func(sub string) subrequestChoice {

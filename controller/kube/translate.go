@@ -20,6 +20,7 @@ import (
 	gpuconfig "github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
 	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/internal/draname"
 )
 
 // nodeGPUs is what the adapter knows of one node's Tessera GPUs, read from
@@ -29,14 +30,14 @@ type nodeGPUs struct {
 	// byDevice maps a device name ("gpu-3") to its position in gpus.
 	byDevice map[string]int
 	// tainted holds device names with a NoSchedule or NoExecute taint,
-	// but for taintDevicePlugin.
+	// but for draname.TaintDevicePlugin.
 	tainted map[string]bool
 	// dpHeld maps the device names tessera-node's device plugin holds (its
-	// taintDevicePlugin taint) to taintWhole or taintShared.
+	// draname.TaintDevicePlugin taint) to draname.TaintWhole or draname.TaintShared.
 	dpHeld map[string]string
 	// dpPod maps the device names held whole by a device-plugin pod to that
 	// pod's UID: the node's record of what the kubelet gave it
-	// (attrDevicePluginPod, see devicePluginPlacement).
+	// (draname.AttrDevicePluginPod, see devicePluginPlacement).
 	dpPod map[string]types.UID
 	// devices by GPU index, for CEL selectors.
 	devices map[int]*resourceapi.Device
@@ -62,21 +63,21 @@ func gpusFromSlices(slices []*resourceapi.ResourceSlice) *nodeGPUs {
 		for i := range s.Spec.Devices {
 			d := &s.Spec.Devices[i]
 			g := core.GPU{Index: -1}
-			if a, ok := d.Attributes[attrIndex]; ok && a.IntValue != nil {
+			if a, ok := d.Attributes[draname.AttrIndex]; ok && a.IntValue != nil {
 				g.Index = int(*a.IntValue)
-			} else if i, err := strconv.Atoi(strings.TrimPrefix(d.Name, "gpu-")); err == nil {
+			} else if i, err := strconv.Atoi(strings.TrimPrefix(d.Name, draname.DevicePrefix)); err == nil {
 				g.Index = i
 			}
 			if g.Index < 0 {
 				continue
 			}
-			if a, ok := d.Attributes[attrProductName]; ok && a.StringValue != nil {
+			if a, ok := d.Attributes[draname.AttrProductName]; ok && a.StringValue != nil {
 				g.Model = *a.StringValue
 			}
-			if a, ok := d.Attributes[attrNVLinkDomain]; ok && a.StringValue != nil {
+			if a, ok := d.Attributes[draname.AttrNVLinkDomain]; ok && a.StringValue != nil {
 				g.NVLinkDomain = *a.StringValue
 			}
-			if c, ok := d.Capacity[capacityMemory]; ok {
+			if c, ok := d.Capacity[draname.CapacityMemory]; ok {
 				v, err := readAmount(c.Value, unitBytes, core.MaxAmount)
 				if err != nil || v == 0 {
 					// The core would refuse it; without it no pod is
@@ -86,14 +87,14 @@ func gpusFromSlices(slices []*resourceapi.ResourceSlice) *nodeGPUs {
 				}
 				g.Memory = v
 			}
-			if a, ok := d.Attributes[attrDevicePluginPod]; ok && a.StringValue != nil && *a.StringValue != "" {
+			if a, ok := d.Attributes[draname.AttrDevicePluginPod]; ok && a.StringValue != nil && *a.StringValue != "" {
 				out.dpPod[d.Name] = types.UID(*a.StringValue)
 			}
 			for _, t := range d.Taints {
-				if t.Key == taintDevicePlugin {
+				if t.Key == draname.TaintDevicePlugin {
 					// Not unusable: the holders are device-plugin pods,
 					// known by their assignment or counted as external.
-					if out.dpHeld[d.Name] != taintWhole {
+					if out.dpHeld[d.Name] != draname.TaintWhole {
 						out.dpHeld[d.Name] = t.Value
 					}
 					continue
@@ -125,9 +126,6 @@ func gpusFromSlices(slices []*resourceapi.ResourceSlice) *nodeGPUs {
 	out.gpus = sorted
 	return out
 }
-
-// deviceName is the device of a GPU index, as tessera-node names it.
-func deviceName(index int) string { return fmt.Sprintf("gpu-%d", index) }
 
 // claimLookup returns a claim by namespace and name, or nil.
 type claimLookup func(namespace, name string) *resourceapi.ResourceClaim
@@ -290,7 +288,7 @@ func podGPURequest(claims []*resourceapi.ResourceClaim, classes classLookup) (gp
 			addGPUs(&base, g)
 		}
 		for _, k := range c.Spec.Devices.Constraints {
-			if k.MatchAttribute != nil && string(*k.MatchAttribute) == attrNVLinkDomain {
+			if k.MatchAttribute != nil && string(*k.MatchAttribute) == draname.AttrNVLinkDomain {
 				base.NVLink = core.NVLinkRequired
 			}
 		}
@@ -378,7 +376,7 @@ func exactGPUs(c *resourceapi.ResourceClaim, request string, r *resourceapi.Exac
 	}
 	var mem *resource.Quantity
 	if r.Capacity != nil {
-		if q, ok := r.Capacity.Requests[capacityMemory]; ok {
+		if q, ok := r.Capacity.Requests[draname.CapacityMemory]; ok {
 			mem = &q
 		}
 	}
@@ -390,13 +388,13 @@ func exactGPUs(c *resourceapi.ResourceClaim, request string, r *resourceapi.Exac
 		return out, nil
 	}
 	if mode == gpuconfig.Exclusive {
-		return out, fmt.Errorf("a memory request shares a GPU; use DeviceClass mps.gpu.tessera.dev or timeslice.gpu.tessera.dev")
+		return out, fmt.Errorf("a memory request shares a GPU; use DeviceClass %s or %s", draname.ClassMPS, draname.ClassTimeSlicing)
 	}
 	if count != 1 {
 		return out, fmt.Errorf("a fractional request takes a share of one GPU; count must be 1, got %d", count)
 	}
 	if out.GPUMemory, err = readAmount(*mem, unitBytes, core.MaxAmount); err != nil || out.GPUMemory == 0 {
-		return core.Request{}, fmt.Errorf("capacity request %s %q: not a positive amount of memory up to %s", capacityMemory, mem.String(), maxQuantityString(unitBytes, core.MaxAmount))
+		return core.Request{}, fmt.Errorf("capacity request %s %q: not a positive amount of memory up to %s", draname.CapacityMemory, mem.String(), maxQuantityString(unitBytes, core.MaxAmount))
 	}
 	out.Sharing = core.SharingMPS
 	if mode == gpuconfig.TimeSlicing {
@@ -442,7 +440,7 @@ func allocatedPlacement(node string, claims []*resourceapi.ResourceClaim, gpus *
 			}
 			g := gpus.gpus[pos]
 			mem := g.Memory
-			if q, ok := r.ConsumedCapacity[capacityMemory]; ok {
+			if q, ok := r.ConsumedCapacity[draname.CapacityMemory]; ok {
 				mem, _ = clampAmount(q, unitBytes)
 			}
 			pl.GPUs = append(pl.GPUs, g.Index)

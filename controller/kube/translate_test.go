@@ -17,17 +17,18 @@ import (
 	gpuconfig "github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
 	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/internal/draname"
 )
 
 func device(index int64, domain string, taint bool) resourceapi.Device {
 	d := resourceapi.Device{
-		Name: deviceName(int(index)),
+		Name: draname.DeviceName(int(index)),
 		Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-			attrIndex:        {IntValue: ptr.To(index)},
-			attrProductName:  {StringValue: ptr.To("NVIDIA H100 80GB HBM3")},
-			attrNVLinkDomain: {StringValue: ptr.To(domain)},
+			draname.AttrIndex:        {IntValue: ptr.To(index)},
+			draname.AttrProductName:  {StringValue: ptr.To("NVIDIA H100 80GB HBM3")},
+			draname.AttrNVLinkDomain: {StringValue: ptr.To(domain)},
 		},
-		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{capacityMemory: {Value: resource.MustParse("80Gi")}},
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{draname.CapacityMemory: {Value: resource.MustParse("80Gi")}},
 	}
 	if taint {
 		d.Taints = []resourceapi.DeviceTaint{{Key: "gpu.tessera.dev/unhealthy", Effect: resourceapi.DeviceTaintEffectNoSchedule}}
@@ -61,7 +62,7 @@ func TestGPUsFromSlices(t *testing.T) {
 // unusable, also next to it.
 func TestGPUsFromSlicesDevicePluginTaint(t *testing.T) {
 	dp := func(v string) resourceapi.DeviceTaint {
-		return resourceapi.DeviceTaint{Key: taintDevicePlugin, Value: v, Effect: resourceapi.DeviceTaintEffectNoSchedule}
+		return resourceapi.DeviceTaint{Key: draname.TaintDevicePlugin, Value: v, Effect: resourceapi.DeviceTaintEffectNoSchedule}
 	}
 	unhealthy := resourceapi.DeviceTaint{Key: "gpu.tessera.dev/unhealthy", Value: "xid-79", Effect: resourceapi.DeviceTaintEffectNoSchedule}
 	for _, tc := range []struct {
@@ -161,7 +162,7 @@ func TestPodGPURequest(t *testing.T) {
 	}
 	lookup := func(n string) *resourceapi.DeviceClass { return classes[n] }
 	mem := func(q string) *resourceapi.CapacityRequirements {
-		return &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{capacityMemory: resource.MustParse(q)}}
+		return &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{draname.CapacityMemory: resource.MustParse(q)}}
 	}
 	tests := []gpuRequestCase{
 		{name: "one whole GPU by default", claims: []*resourceapi.ResourceClaim{claim("c", resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev"})}, want: core.Request{GPUs: 1}, tessera: true},
@@ -219,7 +220,7 @@ func checkGPURequests(t *testing.T, lookup classLookup, tests []gpuRequestCase) 
 
 func TestNVLinkConstraint(t *testing.T) {
 	c := claim("c", resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev", Count: 2})
-	c.Spec.Devices.Constraints = []resourceapi.DeviceConstraint{{MatchAttribute: ptr.To(resourceapi.FullyQualifiedName(attrNVLinkDomain))}}
+	c.Spec.Devices.Constraints = []resourceapi.DeviceConstraint{{MatchAttribute: ptr.To(resourceapi.FullyQualifiedName(draname.AttrNVLinkDomain))}}
 	got, err := podGPURequest([]*resourceapi.ResourceClaim{c}, func(string) *resourceapi.DeviceClass { return class("gpu.tessera.dev", gpuconfig.Exclusive) })
 	require.NoError(t, err)
 	assert.Equal(t, core.NVLinkRequired, got.req.NVLink)

@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"text/tabwriter"
@@ -40,6 +39,7 @@ import (
 	"github.com/tessera-gpu/tessera/deploy/rbac"
 	"github.com/tessera-gpu/tessera/internal/assignment"
 	"github.com/tessera-gpu/tessera/internal/childproc"
+	"github.com/tessera-gpu/tessera/internal/draname"
 	"github.com/tessera-gpu/tessera/test/controlplane"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
@@ -541,7 +541,7 @@ func (d *demo) devices(ctx context.Context, pod *corev1.Pod) ([]string, error) {
 		return nil, err
 	} else if ok {
 		for _, g := range a.GPUs {
-			s := "gpu-" + strconv.Itoa(g)
+			s := draname.DeviceName(g)
 			if a.IsShare() {
 				s += " (" + resource.NewQuantity(a.MemoryBytes, resource.BinarySI).String() + " " + strings.ToUpper(a.Sharing) + ", device plugin)"
 			} else {
@@ -574,8 +574,8 @@ func (d *demo) devices(ctx context.Context, pod *corev1.Pod) ([]string, error) {
 		}
 		mode := ""
 		for _, r := range claim.Spec.Devices.Requests {
-			if r.Exactly != nil && r.Exactly.DeviceClassName != "gpu.tessera.dev" {
-				mode = strings.TrimSuffix(r.Exactly.DeviceClassName, ".gpu.tessera.dev")
+			if r.Exactly != nil && r.Exactly.DeviceClassName != draname.ClassExclusive {
+				mode = strings.TrimSuffix(r.Exactly.DeviceClassName, "."+draname.Driver)
 			}
 		}
 		for _, r := range claim.Status.Allocation.Devices.Results {
@@ -657,7 +657,7 @@ func (d *demo) gpuInfo(ctx context.Context) (map[string]string, error) {
 			continue
 		}
 		for _, dev := range s.Spec.Devices {
-			a := dev.Attributes["gpu.tessera.dev/productName"]
+			a := dev.Attributes[draname.AttrProductName]
 			if a.StringValue != nil {
 				out[*s.Spec.NodeName] = "  [" + *a.StringValue + "]"
 			}

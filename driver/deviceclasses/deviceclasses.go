@@ -12,13 +12,15 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/tessera-gpu/tessera/internal/draname"
 )
 
-// Names of the DeviceClasses (DESIGN.md, Names).
+// Names of the DeviceClasses (internal/draname; DESIGN.md, Names).
 const (
-	Exclusive   = "gpu.tessera.dev"
-	MPS         = "mps.gpu.tessera.dev"
-	TimeSlicing = "timeslice.gpu.tessera.dev"
+	Exclusive   = draname.ClassExclusive
+	MPS         = draname.ClassMPS
+	TimeSlicing = draname.ClassTimeSlicing
 )
 
 // FS holds the manifests (*.yaml).

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/tessera-gpu/tessera/internal/draname"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -137,7 +138,7 @@ func running(pid int) bool {
 // Result is one allocated device; memory "" means no consumed capacity (a
 // whole GPU).
 func Result(request, pool, device, memory string) resourceapi.DeviceRequestAllocationResult {
-	r := resourceapi.DeviceRequestAllocationResult{Request: request, Driver: "gpu.tessera.dev", Pool: pool, Device: device}
+	r := resourceapi.DeviceRequestAllocationResult{Request: request, Driver: draname.Driver, Pool: pool, Device: device}
 	if memory != "" {
 		r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(memory)}
 		r.ShareID = ptr.To(uuid.NewUUID())
@@ -151,7 +152,7 @@ func Config(source resourceapi.AllocationConfigSource, params string, requests .
 		Source:   source,
 		Requests: requests,
 		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-			Driver: "gpu.tessera.dev", Parameters: runtime.RawExtension{Raw: []byte(params)},
+			Driver: draname.Driver, Parameters: runtime.RawExtension{Raw: []byte(params)},
 		}},
 	}
 }

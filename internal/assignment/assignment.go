@@ -28,7 +28,7 @@ const (
 	// tessera-gpu-assignment admission policy, deploy/rbac), and the
 	// controller reads it only on a pod that asks for what it assigns (as
 	// many GPUs of the GPU resource; a share: ResourceShare and a fraction
-	// annotation). For whole GPUs the node's record (AttrDevicePluginPod)
+	// annotation). For whole GPUs the node's record (draname.AttrDevicePluginPod)
 	// wins over it.
 	Annotation = "tessera.dev/gpu-assignment"
 
@@ -40,28 +40,8 @@ const (
 	// DefaultResourceGPU is the default extended resource of whole GPUs.
 	DefaultResourceGPU = "nvidia.com/gpu"
 
-	// TaintDevicePlugin is the NoSchedule device taint tessera-node puts in
-	// its ResourceSlice on a GPU its device plugin holds, value TaintWhole
-	// or TaintShared (whole wins). It keeps kube-scheduler's claims off the
-	// GPU (the node's ledger would refuse them at Prepare); tessera-controller
-	// knows these pods by their assignment and does not treat the key as
-	// making the GPU unusable.
-	TaintDevicePlugin = "gpu.tessera.dev/device-plugin"
-	TaintWhole        = "whole"
-	TaintShared       = "shared"
-
-	// AttrDevicePluginPod is the node's record of which pod holds a GPU
-	// whole through the device plugin: a string device attribute, the
-	// pod's UID, that tessera-node sets in its ResourceSlice on every GPU
-	// with a TaintWhole mark (the GPUs the kubelet really allocated, which
-	// may differ from the assignment: GetPreferredAllocation is only a
-	// preference). tessera-controller counts a bound pod on these GPUs
-	// rather than on its assignment. Only the node's own agent writes its
-	// slice (the chart's tessera-node-own-slices policy), so no user can
-	// forge it. A share needs no record: it always lands on its assigned
-	// GPU. A UID (36 characters) fits the 64-character limit of a string
-	// attribute, and one attribute per GPU the 32 attributes per device.
-	AttrDevicePluginPod = "gpu.tessera.dev/devicePluginPod"
+	// The device taint and attribute by which tessera-node marks the GPUs
+	// its device plugin holds are DRA names: internal/draname.
 )
 
 // Sharing modes of a share, as written in the assignment.

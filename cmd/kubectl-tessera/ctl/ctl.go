@@ -22,7 +22,6 @@ import (
 	"text/tabwriter"
 
 	v1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -33,6 +32,7 @@ import (
 	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
 	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/internal/assignment"
+	"github.com/tessera-gpu/tessera/internal/draname"
 )
 
 // Clients are what the commands read with.
@@ -176,7 +176,7 @@ type gpuUse struct {
 }
 
 func nodes(ctx context.Context, c Clients, out io.Writer) error {
-	sliceList, err := c.Kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + kube.DriverName})
+	sliceList, err := c.Kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + draname.Driver})
 	if err != nil {
 		return fmt.Errorf("listing ResourceSlices: %w", err)
 	}
@@ -210,7 +210,7 @@ func nodes(ctx context.Context, c Clients, out io.Writer) error {
 			holders = []string{"claim " + cl.Namespace + "/" + cl.Name + " (no pod)"}
 		}
 		for _, r := range cl.Status.Allocation.Devices.Results {
-			if r.Driver != kube.DriverName {
+			if r.Driver != draname.Driver {
 				continue
 			}
 			key := r.Pool + "/" + r.Device
@@ -221,7 +221,7 @@ func nodes(ctx context.Context, c Clients, out io.Writer) error {
 			}
 			if q, ok := r.ConsumedCapacity["memory"]; ok {
 				u.memory += q.Value()
-				if cfg, err := gpuconfig.ConfigForRequest(kube.DriverName, cl.Status.Allocation.Devices.Config, r.Request); err == nil {
+				if cfg, err := gpuconfig.ConfigForRequest(draname.Driver, cl.Status.Allocation.Devices.Config, r.Request); err == nil {
 					u.sharing = string(cfg.Strategy())
 				}
 			} else {
@@ -281,13 +281,13 @@ func nodes(ctx context.Context, c Clients, out io.Writer) error {
 		}
 		for _, d := range s.Spec.Devices {
 			r := row{node: node, device: d.Name, index: -1}
-			if a, ok := d.Attributes[resourceapi.QualifiedName(kube.DriverName+"/productName")]; ok && a.StringValue != nil {
+			if a, ok := d.Attributes[draname.AttrProductName]; ok && a.StringValue != nil {
 				r.model = *a.StringValue
 			}
-			if a, ok := d.Attributes[resourceapi.QualifiedName(kube.DriverName+"/index")]; ok && a.IntValue != nil {
+			if a, ok := d.Attributes[draname.AttrIndex]; ok && a.IntValue != nil {
 				r.index = *a.IntValue
 			}
-			if cp, ok := d.Capacity["memory"]; ok {
+			if cp, ok := d.Capacity[draname.CapacityMemory]; ok {
 				r.memory = cp.Value.Value()
 			}
 			u := use[s.Spec.Pool.Name+"/"+d.Name]
@@ -310,7 +310,7 @@ func nodes(ctx context.Context, c Clients, out io.Writer) error {
 				r.pods = strings.Join(slices.Compact(ps), ", ")
 			}
 			for _, taint := range d.Taints {
-				if taint.Key != assignment.TaintDevicePlugin {
+				if taint.Key != draname.TaintDevicePlugin {
 					r.used += " (tainted: " + string(taint.Effect) + ")"
 					break
 				}
@@ -318,7 +318,7 @@ func nodes(ctx context.Context, c Clients, out io.Writer) error {
 					// Held through the device plugin by a pod that no
 					// assignment names (bound by another scheduler).
 					r.used, r.pods = taint.Value, "(a device-plugin pod)"
-					if taint.Value == assignment.TaintWhole {
+					if taint.Value == draname.TaintWhole {
 						r.sharing = string(gpuconfig.Exclusive)
 					}
 				}
@@ -347,7 +347,7 @@ func nodes(ctx context.Context, c Clients, out io.Writer) error {
 func describeAssignment(a assignment.Assignment) string {
 	gpus := make([]string, len(a.GPUs))
 	for i, g := range a.GPUs {
-		gpus[i] = "gpu-" + strconv.Itoa(g)
+		gpus[i] = draname.DeviceName(g)
 	}
 	if !a.IsShare() {
 		return "whole " + strings.Join(gpus, ", ")

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/internal/assignment"
+	"github.com/tessera-gpu/tessera/internal/draname"
 	"github.com/tessera-gpu/tessera/internal/gpufault"
 	"github.com/tessera-gpu/tessera/test/realnode"
 )
@@ -190,7 +191,7 @@ func (c *cluster) pod(t *testing.T, name string) *corev1.Pod {
 }
 
 // recordOf waits for the node's record of a pod (its UID on the GPUs it
-// holds whole, assignment.AttrDevicePluginPod) to list n GPUs, and returns
+// holds whole, draname.AttrDevicePluginPod) to list n GPUs, and returns
 // their indices, ascending.
 func (c *cluster) recordOf(t *testing.T, pod string, n int) []int {
 	t.Helper()
@@ -205,7 +206,7 @@ func (c *cluster) recordOf(t *testing.T, pod string, n int) []int {
 		}
 		for _, s := range sl.Items {
 			for _, d := range s.Spec.Devices {
-				if a, ok := d.Attributes[assignment.AttrDevicePluginPod]; ok && a.StringValue != nil && *a.StringValue == uid {
+				if a, ok := d.Attributes[draname.AttrDevicePluginPod]; ok && a.StringValue != nil && *a.StringValue == uid {
 					i, _ := strconv.Atoi(strings.TrimPrefix(d.Name, "gpu-"))
 					out = append(out, i)
 				}
