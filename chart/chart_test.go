@@ -480,7 +480,7 @@ func TestHelmTemplateWebhook(t *testing.T) {
 	objs := render(t)
 	cfg := find[*admissionregistrationv1.MutatingWebhookConfiguration](objs, "tessera-controller")
 	require.NotNil(t, cfg)
-	require.Len(t, cfg.Webhooks, 1)
+	require.Len(t, cfg.Webhooks, 2)
 	w := cfg.Webhooks[0]
 	require.Equal(t, []admissionregistrationv1.MatchCondition{{Name: "fraction-annotations", Expression: webhook.MatchCondition}}, w.MatchConditions)
 	require.Equal(t, admissionregistrationv1.Fail, *w.FailurePolicy)
@@ -503,6 +503,19 @@ func TestHelmTemplateWebhook(t *testing.T) {
 	require.NoError(t, err)
 	_, err = cert.Verify(x509.VerifyOptions{Roots: pool, DNSName: svc.Name + "." + namespace + ".svc"})
 	require.NoError(t, err, "the served certificate is trusted for the Service's name")
+
+	// The namespace opt-in: pods created in a labelled namespace that name
+	// no scheduler (ScheduleMatchCondition), CREATE only, failing closed.
+	opt := cfg.Webhooks[1]
+	require.Equal(t, []admissionregistrationv1.MatchCondition{{Name: "default-scheduler", Expression: webhook.ScheduleMatchCondition}}, opt.MatchConditions)
+	require.Equal(t, webhook.ScheduleNamespaceSelector, opt.NamespaceSelector.MatchLabels)
+	require.Equal(t, []string{namespace, "kube-system"}, opt.NamespaceSelector.MatchExpressions[0].Values)
+	require.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Create}, opt.Rules[0].Operations)
+	require.Equal(t, admissionregistrationv1.Fail, *opt.FailurePolicy)
+	require.Equal(t, webhook.SchedulePath, *opt.ClientConfig.Service.Path)
+	require.Equal(t, w.ClientConfig.CABundle, opt.ClientConfig.CABundle)
+	noOpt := render(t, "--set", "controller.webhook.namespaceOptIn.enabled=false")
+	require.Len(t, find[*admissionregistrationv1.MutatingWebhookConfiguration](noOpt, "tessera-controller").Webhooks, 1)
 
 	dep := find[*appsv1.Deployment](objs, "tessera-controller")
 	pod := dep.Spec.Template.Spec

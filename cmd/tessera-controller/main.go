@@ -47,6 +47,7 @@ type options struct {
 	gpuResource     string
 	webhookAddr     string
 	webhookCertDir  string
+	podGrouper      bool
 }
 
 // defaultNamespace is the controller's own namespace: the pod's (from the
@@ -81,6 +82,7 @@ func bindFlags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&o.gpuResource, "gpu-resource-name", assignment.DefaultResourceGPU, "extended resource of whole GPUs that tessera-node's device plugin advertises; pods asking for it get GPUs through the device-plugin path")
 	fs.StringVar(&o.webhookAddr, "webhook-addr", "", "address of the admission webhook for the fraction annotations, served over TLS by every replica (empty: off)")
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/etc/tessera/webhook", "directory of the webhook's tls.crt and tls.key (read again when they change)")
+	fs.BoolVar(&o.podGrouper, "pod-grouper", true, "give pods of Jobs, JobSets, Kubeflow jobs, LeaderWorkerSets and Ray clusters that name no group the gang their workload needs (controller/grouper); such pods wait for it")
 	fs.BoolVar(&o.releaseOnCancel, "leader-elect-release-on-cancel", true, "give the Lease up on a clean shutdown so a standby takes over at once")
 }
 
@@ -147,6 +149,7 @@ func (o *options) appConfig(rc *rest.Config) app.Config {
 		GPUResource:     o.gpuResource,
 		WebhookAddr:     o.webhookAddr,
 		WebhookCertDir:  o.webhookCertDir,
+		PodGrouper:      o.podGrouper,
 		LeaderElect:     o.leaderElect,
 		LeaseNamespace:  o.leaseNamespace,
 		LeaseName:       o.leaseName,

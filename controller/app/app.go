@@ -25,6 +25,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/controller/grouper"
 	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/controller/webhook"
 )
@@ -54,6 +55,10 @@ type Config struct {
 	// GPUResource is the extended resource of whole GPUs of tessera-node's
 	// device plugin (kube.Options.GPUResource; default nvidia.com/gpu).
 	GPUResource string
+	// PodGrouper runs the pod grouper (controller/grouper) beside the
+	// scheduler: pods of Jobs, JobSets, training jobs, LWS and Ray get the
+	// gang their workload needs, and wait for it.
+	PodGrouper bool
 
 	// LeaderElect runs the scheduler only while holding the Lease
 	// LeaseNamespace/LeaseName. Without it the scheduler runs at once.
@@ -105,6 +110,7 @@ type Controller struct {
 	fence     *leaseFence
 	servers   []*httpServer
 	webhook   *webhook.Server
+	grouper   *grouper.Grouper
 	startOnce sync.Once
 }
 
@@ -164,6 +170,12 @@ func New(cfg Config) (*Controller, error) {
 		Client: client, Dynamic: dyn,
 		Interval: cfg.Interval, Core: cfg.Core, Workers: cfg.Workers,
 		Metrics: metrics, GPUResource: cfg.GPUResource, Hook: cfg.CommitHook,
+	}
+	if cfg.PodGrouper {
+		if c.grouper, err = grouper.New(grouper.Options{Client: client, Dynamic: dyn}); err != nil {
+			return nil, fmt.Errorf("app: %w", err)
+		}
+		opts.AwaitGrouper = c.grouper.Waiting
 	}
 	if cfg.LeaderElect {
 		c.fence = newLeaseFence(cfg.Identity, cfg.RenewDeadline)
@@ -252,7 +264,21 @@ func (c *Controller) setLeading(on bool) {
 	}
 }
 
+// runScheduler schedules, and groups pods beside it: both only while
+// leading (the scheduler waits for the grouper; one writer of each).
 func (c *Controller) runScheduler(ctx context.Context) error {
+	var wg sync.WaitGroup
+	if c.grouper != nil {
+		gctx, stop := context.WithCancel(ctx)
+		defer func() { stop(); wg.Wait() }()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.grouper.Run(gctx); err != nil {
+				klog.ErrorS(err, "Pod grouper failed")
+			}
+		}()
+	}
 	if err := c.scheduler.Run(ctx); err != nil {
 		return fmt.Errorf("scheduler: %w", err)
 	}

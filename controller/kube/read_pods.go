@@ -77,6 +77,10 @@ func (b *snapshotBuild) readPod(pod *v1.Pod) {
 			adopted, bound, nodeName = true, true, node
 		}
 	}
+	if why := s.awaitingGrouper(pod, ours, bound); why != "" {
+		b.problem(key, pod, why)
+		return
+	}
 	if !bound && e.err != nil {
 		b.problem(key, pod, e.err.Error())
 		return

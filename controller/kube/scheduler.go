@@ -79,6 +79,10 @@ type Options struct {
 	// Hook, when set, is called at the commit's HookPoints; tests stop or
 	// crash the process there (EnvTestCommitHook).
 	Hook func(HookPoint)
+	// AwaitGrouper, when set, is the pod grouper's word on a pending pod of
+	// ours: a reason while the pod waits for its gang to be worked out
+	// (controller/grouper; AwaitsGrouper), "" otherwise.
+	AwaitGrouper func(*v1.Pod) string
 }
 
 // Scheduler is tessera-scheduler: informers in, core decisions out.

@@ -48,6 +48,7 @@ func New(o Options) (*Server, error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle(Path, Handler())
+	mux.Handle(SchedulePath, ScheduleHandler())
 	return &Server{ln: ln, certs: certs, srv: &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,

@@ -203,8 +203,12 @@ func review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 // caps objects at 3 MiB).
 const maxBody = 8 << 20
 
-// Handler serves AdmissionReviews (admission.k8s.io/v1) at any path.
-func Handler() http.Handler {
+// Handler serves AdmissionReviews (admission.k8s.io/v1) of the fraction
+// annotations at any path.
+func Handler() http.Handler { return reviewHandler(review) }
+
+// reviewHandler serves AdmissionReviews with answer.
+func reviewHandler(answer func(*admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			http.Error(w, "POST an AdmissionReview", http.StatusMethodNotAllowed)
@@ -220,7 +224,7 @@ func Handler() http.Handler {
 			http.Error(w, fmt.Sprintf("not an AdmissionReview: %v", err), http.StatusBadRequest)
 			return
 		}
-		out := admissionv1.AdmissionReview{TypeMeta: in.TypeMeta, Response: review(in.Request)}
+		out := admissionv1.AdmissionReview{TypeMeta: in.TypeMeta, Response: answer(in.Request)}
 		if out.APIVersion == "" {
 			out.APIVersion, out.Kind = "admission.k8s.io/v1", "AdmissionReview"
 		}

@@ -61,7 +61,7 @@ type PodGroupStatus struct {
 //
 // +genclient
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:shortName=pg
+// +kubebuilder:resource:shortName=tpg
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="MinMember",type=integer,JSONPath=`.spec.minMember`
 // +kubebuilder:printcolumn:name="Queue",type=string,JSONPath=`.spec.queue`

@@ -1,0 +1,269 @@
+package grouper_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/cdi"
+	"github.com/tessera-gpu/tessera/controller/app"
+	"github.com/tessera-gpu/tessera/controller/kube"
+	"github.com/tessera-gpu/tessera/deploy/rbac"
+	"github.com/tessera-gpu/tessera/driver"
+	"github.com/tessera-gpu/tessera/driver/deviceclasses"
+	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/test/controlplane"
+	"github.com/tessera-gpu/tessera/test/framework"
+)
+
+// env: a real control plane (kube-controller-manager's Job, ReplicaSet,
+// ResourceClaim and garbage collector controllers), kwok nodes with an
+// in-process tessera-node each, and tessera-controller in-process with the
+// pod grouper, as its ServiceAccount under deploy/rbac (so a missing RBAC
+// rule fails the test).
+type env struct {
+	t      *testing.T
+	ctx    context.Context
+	cp     *controlplane.ControlPlane
+	client kubernetes.Interface
+	dyn    dynamic.Interface
+	ns     string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs a real control plane (etcd, kube-apiserver, kube-controller-manager, kwok); skipped with -short")
+	}
+	cp := controlplane.Start(t, controlplane.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	e := &env{t: t, ctx: ctx, cp: cp, client: cp.Client(t)}
+	var err error
+	if e.dyn, err = dynamic.NewForConfig(cp.AdminConfig); err != nil {
+		t.Fatal(err)
+	}
+	if err := framework.InstallCRDs(ctx, e.dyn); err != nil {
+		t.Fatal(err)
+	}
+	if err := framework.ApplyDeviceClasses(ctx, e.client); err != nil {
+		t.Fatal(err)
+	}
+	cp.CreateNamespace(t, rbac.Namespace)
+	if err := framework.ApplyControllerRBAC(ctx, e.client); err != nil {
+		t.Fatal(err)
+	}
+	cp.StartKwok(t)
+	e.ns = cp.CreateNamespace(t, "team-a").Name
+	return e
+}
+
+// startController runs tessera-controller (scheduler + pod grouper)
+// in-process as its ServiceAccount.
+func (e *env) startController() {
+	e.t.Helper()
+	c, err := app.New(app.Config{RestConfig: framework.ControllerConfig(e.cp), Interval: 200 * time.Millisecond, PodGrouper: true})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := c.Run(ctx); err != nil {
+			e.t.Errorf("controller: %v", err)
+		}
+	}()
+	e.t.Cleanup(func() { cancel(); <-done })
+}
+
+// addGPUNode adds a kwok node with a fake tessera-node of profile.
+func (e *env) addGPUNode(name, profile string) {
+	t := e.t
+	t.Helper()
+	e.cp.AddKwokNodeWith(t, &v1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Status: v1.NodeStatus{Capacity: v1.ResourceList{
+			v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi"), v1.ResourcePods: resource.MustParse("110"),
+		}},
+	})
+	inv, err := gpu.NewFake(profile, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	d, err := driver.Start(e.ctx, driver.Options{
+		NodeName: name, KubeClient: e.client, Inventory: inv,
+		RegistrarDir: filepath.Join(dir, "registry"), PluginDataDir: filepath.Join(dir, "plugin"),
+		CDI: cdi.Options{Root: filepath.Join(dir, "cdi"), Fake: true},
+	})
+	if err != nil {
+		t.Fatalf("starting tessera-node for %s: %v", name, err)
+	}
+	t.Cleanup(d.Stop)
+	devs, _ := inv.Devices()
+	e.eventually("slices of "+name, 30*time.Second, func() (bool, string) {
+		n := 0
+		sl, err := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, s := range sl.Items {
+			n += len(s.Spec.Devices)
+		}
+		return n == len(devs), fmt.Sprintf("%d of %d devices published", n, len(devs))
+	})
+}
+
+func (e *env) eventually(what string, timeout time.Duration, cond func() (bool, string)) {
+	e.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, msg := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, msg)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// gpuTemplate creates a ResourceClaimTemplate of n whole GPUs.
+func (e *env) gpuTemplate(name string, n int64) {
+	e.t.Helper()
+	req := resourceapi.ExactDeviceRequest{DeviceClassName: deviceclasses.Exclusive, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: n}
+	tmpl := &resourceapi.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &req}},
+		}}},
+	}
+	if _, err := e.client.ResourceV1().ResourceClaimTemplates(e.ns).Create(e.ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// podTemplate is a tessera-scheduler pod asking for the GPUs of the claim
+// template gpuTmpl ("" = none).
+func podTemplate(gpuTmpl string, labels map[string]string) v1.PodTemplateSpec {
+	spec := v1.PodSpec{
+		SchedulerName: kube.SchedulerName,
+		RestartPolicy: v1.RestartPolicyNever,
+		Containers:    []v1.Container{{Name: "main", Image: "busybox"}},
+		Tolerations:   []v1.Toleration{{Key: "kwok.x-k8s.io/node", Operator: v1.TolerationOpExists}},
+	}
+	if gpuTmpl != "" {
+		spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To(gpuTmpl)}}
+		spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
+	}
+	return v1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: spec}
+}
+
+// indexedJob creates an Indexed Job of n pods (completions = parallelism).
+func (e *env) indexedJob(name string, n int32, gpuTmpl string, annotations map[string]string) *batchv1.Job {
+	e.t.Helper()
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns, Annotations: annotations},
+		Spec: batchv1.JobSpec{
+			CompletionMode: ptr.To(batchv1.IndexedCompletion),
+			Completions:    ptr.To(n), Parallelism: ptr.To(n),
+			BackoffLimit: ptr.To[int32](0),
+			Template:     podTemplate(gpuTmpl, nil),
+		},
+	}
+	job, err := e.client.BatchV1().Jobs(e.ns).Create(e.ctx, job, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return job
+}
+
+// jobPods are the live pods of a Job.
+func (e *env) jobPods(job string) []v1.Pod {
+	e.t.Helper()
+	l, err := e.client.CoreV1().Pods(e.ns).List(e.ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + job})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []v1.Pod
+	for _, p := range l.Items {
+		if p.DeletionTimestamp == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func bound(pods []v1.Pod) int {
+	n := 0
+	for _, p := range pods {
+		if p.Spec.NodeName != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// scheduledReason is the message of a pod's PodScheduled=False condition.
+func scheduledReason(p *v1.Pod) string {
+	for _, c := range p.Status.Conditions {
+		if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse {
+			return c.Message
+		}
+	}
+	return ""
+}
+
+// podGroup returns a PodGroup, nil when it does not exist.
+func (e *env) podGroup(name string) *unstructured.Unstructured {
+	e.t.Helper()
+	u, err := e.dyn.Resource(kube.PodGroupGVR).Namespace(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return u
+}
+
+func minMember(u *unstructured.Unstructured) int64 {
+	n, _, _ := unstructured.NestedInt64(u.Object, "spec", "minMember")
+	return n
+}
+
+// barePod creates a pod of ours with no owner, asking for gpuTmpl's GPUs.
+func (e *env) barePod(name, gpuTmpl string) *v1.Pod {
+	e.t.Helper()
+	tmpl := podTemplate(gpuTmpl, nil)
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}, Spec: tmpl.Spec}
+	p, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return p
+}
+
+func summary(pods []v1.Pod) string {
+	var b strings.Builder
+	for _, p := range pods {
+		fmt.Fprintf(&b, "%s node=%q group=%q off=%q why=%q; ", p.Name, p.Spec.NodeName, p.Annotations[kube.AnnotationPodGroup], p.Annotations[kube.AnnotationPodGrouper], scheduledReason(&p))
+	}
+	return b.String()
+}

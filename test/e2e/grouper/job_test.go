@@ -1,0 +1,96 @@
+package grouper_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-gpu/tessera/controller/kube"
+)
+
+// TestIndexedJobIsAGang is the issue's measurement: an Indexed Job of 4
+// workers × 2 GPUs, created by the real Job controller, on a node with 6
+// free GPUs. Without the grouper 3 workers bound and the 4th waited for
+// good; now none binds, each says why, and once room appears all 4 bind
+// in one cycle. Scaling the Job's parallelism changes the group's minimum,
+// and the PodGroup goes with the Job.
+func TestIndexedJobIsAGang(t *testing.T) {
+	e := newEnv(t)
+	e.addGPUNode("gpu-1", "h100-sxm-8")
+	e.gpuTemplate("two-gpus", 2)
+	e.startController()
+	// 2 of the 8 GPUs taken by a bare pod (no owner: scheduled alone at once).
+	e.barePod("blocker", "two-gpus")
+	e.eventually("the blocker bound", 30*time.Second, func() (bool, string) {
+		p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, "blocker", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Spec.NodeName != "", scheduledReason(p)
+	})
+
+	job := e.indexedJob("llama", 4, "two-gpus", nil)
+	e.eventually("4 pods grouped, none bound, each saying why", 60*time.Second, func() (bool, string) {
+		pods := e.jobPods("llama")
+		if bound(pods) > 0 {
+			t.Fatalf("a pod of the gang bound with 6 GPUs free: %s", summary(pods))
+		}
+		ok := len(pods) == 4
+		for _, p := range pods {
+			ok = ok && p.Annotations[kube.AnnotationPodGroup] == "job-llama" && scheduledReason(&p) != "" &&
+				!strings.Contains(scheduledReason(&p), "pod grouper")
+		}
+		return ok, summary(pods)
+	})
+	pg := e.podGroup("job-llama")
+	if pg == nil || minMember(pg) != 4 {
+		t.Fatalf("PodGroup job-llama: %v", pg)
+	}
+	if refs := pg.GetOwnerReferences(); len(refs) != 1 || refs[0].UID != job.UID || refs[0].Kind != "Job" {
+		t.Fatalf("PodGroup job-llama is owned by %v, want the Job", refs)
+	}
+	if pg.GetLabels()[kube.LabelGroupedBy] != kube.GroupedByPodGrouper {
+		t.Fatalf("PodGroup job-llama labels %v", pg.GetLabels())
+	}
+	// Stays so: a few more cycles.
+	time.Sleep(2 * time.Second)
+	pods := e.jobPods("llama")
+	if bound(pods) > 0 {
+		t.Fatalf("a pod of the gang bound with 6 GPUs free: %s", summary(pods))
+	}
+	t.Logf("pending reason: %s", scheduledReason(&pods[0]))
+
+	// Room appears: every pod binds, in one cycle (no pod binds alone
+	// first: checked above; all four are bound together below).
+	if err := e.client.CoreV1().Pods(e.ns).Delete(e.ctx, "blocker", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("all 4 bound", 60*time.Second, func() (bool, string) {
+		pods := e.jobPods("llama")
+		return len(pods) == 4 && bound(pods) == 4, summary(pods)
+	})
+
+	// The minimum follows the Job: parallelism 4 → 2 (completions stay 4)
+	// is no gang any more; the group needs 1.
+	patch := []byte(`{"spec":{"parallelism":2}}`)
+	if _, err := e.client.BatchV1().Jobs(e.ns).Patch(e.ctx, "llama", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("minMember 1 after scaling", 30*time.Second, func() (bool, string) {
+		pg := e.podGroup("job-llama")
+		return pg != nil && minMember(pg) == 1, fmt.Sprintf("%v", pg)
+	})
+
+	// Garbage-collected with its Job.
+	fg := metav1.DeletePropagationForeground
+	if err := e.client.BatchV1().Jobs(e.ns).Delete(e.ctx, "llama", metav1.DeleteOptions{PropagationPolicy: &fg}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("PodGroup job-llama collected", 60*time.Second, func() (bool, string) {
+		return e.podGroup("job-llama") == nil, "still there"
+	})
+}
