@@ -10,7 +10,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${TESSERA_CACHE:-$root/_cache}
-kube_version=v1.36.3
+kube_version=v1.37.2
 etcd_version=v3.6.16
 kwok_version=v0.8.0
 containerd_version=v2.4.2 # keep in step with test/tools/containerd/go.mod
@@ -46,7 +46,7 @@ build_containerd() { # name
 }
 
 kv="-s -w"
-for x in gitVersion=$kube_version gitMajor=1 gitMinor=36 gitTreeState=clean; do
+for x in gitVersion=$kube_version gitMajor=1 gitMinor=37 gitTreeState=clean; do
 	kv="$kv -X k8s.io/component-base/version.$x -X k8s.io/client-go/pkg/version.$x"
 done
 

@@ -165,7 +165,7 @@ spec:
 `
 
 // KubeVersion is the version the harness's binaries report.
-const KubeVersion = "v1.36.3"
+const KubeVersion = "v1.37.2"
 
 // StartKwok runs the kwok controller against the control plane. It manages
 // nodes annotated KwokAnnotation=KwokAnnotationValue (AddKwokNode makes
