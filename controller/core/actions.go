@@ -38,12 +38,14 @@ func biggestGPUFirst(a, b *podState) int {
 }
 
 // needed is how many pods the job must place now: the rest of its gang
-// while short of minMember, else one more.
+// while short of minMember (or a subgroup of its minimum: at least what
+// the subgroups lack), else one more.
 func needed(j *jobState) int {
-	if j.placed < j.minMember {
-		return j.minMember - j.placed
+	n := j.minMember - j.placed
+	if j.subs != nil {
+		n = max(n, j.subDeficit())
 	}
-	return 1
+	return max(n, 1)
 }
 
 func sumRes(ps []*podState) Resources {
@@ -165,10 +167,13 @@ func (s *session) staleGangs() {
 	}
 	cp := s.checkpoint()
 	for _, j := range s.jobs {
-		if j.placed == 0 || j.placed >= j.gangMin() || j.belowSince.IsZero() || s.now.Sub(j.belowSince) < s.cfg.StaleGangTimeout {
+		if !j.belowMin() || j.belowSince.IsZero() || s.now.Sub(j.belowSince) < s.cfg.StaleGangTimeout {
 			continue
 		}
 		why := fmt.Sprintf("gang %s below its minMember of %d for %s", j.name, j.gangMin(), s.now.Sub(j.belowSince).Round(1e9))
+		if j.placed >= j.gangMin() {
+			why = fmt.Sprintf("gang %s below its minimum for %s (%s)", j.name, s.now.Sub(j.belowSince).Round(1e9), j.subsBelow())
+		}
 		for _, p := range j.pods {
 			if p.node != nil && p.phase != PodReleasing {
 				s.detach(p, ActionStaleGang, why)
@@ -188,17 +193,17 @@ func (s *session) staleGangs() {
 func (s *session) allocate() {
 	tried := map[*jobState]bool{}
 	gangNeed := func(j *jobState) (Resources, bool) {
-		if tried[j] || j.placed >= j.minMember {
+		if tried[j] || !j.short() {
 			return Resources{}, false
 		}
 		c := s.candidates(j)
-		n := needed(j)
-		if len(c) < n {
+		set := pickSet(j, c, needed(j))
+		if set == nil {
 			return Resources{}, false
 		}
-		return sumRes(c[:n]), true
+		return sumRes(set), true
 	}
-	s.runOrdered(func(j *jobState) bool { return j.placed < j.minMember }, gangNeed, func(j *jobState) bool {
+	s.runOrdered(func(j *jobState) bool { return j.short() }, gangNeed, func(j *jobState) bool {
 		tried[j] = true
 		s.allocateJob(j, ActionAllocate)
 		return false
@@ -206,7 +211,7 @@ func (s *session) allocate() {
 	// Pods beyond minMember.
 	done := map[*jobState]bool{}
 	extraNeed := func(j *jobState) (Resources, bool) {
-		if done[j] || j.placed < j.minMember {
+		if done[j] || j.short() {
 			return Resources{}, false
 		}
 		c := s.candidates(j)
@@ -247,10 +252,19 @@ func (s *session) allocate() {
 		done[j] = true
 		return false
 	})
-	// Jobs that cannot reach minMember with the pods they have.
+	// Jobs that cannot reach minMember (or a subgroup its own) with the
+	// pods they have.
 	for _, j := range s.jobs {
-		if c := s.candidates(j); len(c) > 0 && j.placed+len(c) < j.minMember {
+		c := s.candidates(j)
+		if len(c) == 0 {
+			continue
+		}
+		if j.placed+len(c) < j.minMember {
 			setReason(c, fmt.Sprintf("gang %s needs %s; only %d exist", j.name, plural(j.minMember, "pod"), j.placed+len(c)))
+		} else if j.subs != nil {
+			if why := subReach(j, c); why != "" {
+				setReason(c, why)
+			}
 		}
 	}
 }
@@ -265,14 +279,17 @@ func (s *session) podSets(j *jobState) podSetList {
 	c := s.candidates(j)
 	n := needed(j)
 	l := podSetList{all: c}
-	if len(c) < n {
+	first := pickSet(j, c, n)
+	if first == nil {
 		return l
 	}
-	l.sets[0], l.n = c[:n], 1
+	l.sets[0], l.n = first, 1
 	if len(c) == n {
 		return l
 	}
 	if n == 1 {
+		// Only pods of a subgroup short of its minimum count.
+		c = lacking(j, c)
 		// The smallest pod, found by a scan (no sort: pods beyond minMember
 		// come here one at a time). On a tie of its shape with the first
 		// set's (a memory fraction and a share of one price at the largest
@@ -296,9 +313,9 @@ func (s *session) podSets(j *jobState) podSetList {
 	}
 	small := slices.Clone(c)
 	slices.SortStableFunc(small, smallerPod)
-	small = small[:n]
+	small = slices.Clone(pickSet(j, small, n))
 	slices.SortStableFunc(small, biggestGPUFirst)
-	if !slices.Equal(small, c[:n]) {
+	if !slices.Equal(small, first) {
 		l.sets[1], l.n = small, 2
 	}
 	return l
@@ -416,7 +433,7 @@ func (s *session) placeSetGated(j *jobState, set []*podState, a Action, setWhy s
 		}
 		if pl == nil {
 			if firstWhy == "" {
-				firstWhy = fmt.Sprintf("pod %s: %s", p.name, why)
+				firstWhy = fmt.Sprintf("%s: %s", podLabel(p), why)
 			}
 			if n == 1 {
 				firstWhy = why
@@ -430,8 +447,8 @@ func (s *session) placeSetGated(j *jobState, set []*podState, a Action, setWhy s
 		return true, ""
 	}
 	s.rollback(cp)
-	if n > 1 || j.minMember > 1 {
-		firstWhy = fmt.Sprintf("gang %s needs %s; only %d fit (%s)", j.name, plural(j.minMember, "pod"), j.placed+placed, firstWhy)
+	if n > 1 || j.minMember > 1 || j.subs != nil {
+		firstWhy = fmt.Sprintf("gang %s needs %s; only %d fit (%s)", j.name, j.gangWants(), j.placed+placed, firstWhy)
 	}
 	return false, firstWhy
 }

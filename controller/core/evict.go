@@ -57,7 +57,7 @@ type evictPolicy struct {
 // would otherwise drop below minMember.
 func (s *session) unitOf(v *podState, pol *evictPolicy) []*podState {
 	j := v.job
-	if !pol.wholeGang || j.placed-1 >= j.minMember {
+	if !pol.wholeGang || j.holdsWithout(v) {
 		return []*podState{v}
 	}
 	var unit []*podState
@@ -102,7 +102,7 @@ func (s *session) tryNodeUnits(p *podState, n *nodeState, pol *evictPolicy, reco
 		if pol.rules != nil && !pol.rules(unit) {
 			continue
 		}
-		whole := pol.wholeGang && v.job.placed-1 < v.job.minMember
+		whole := pol.wholeGang && !v.job.holdsWithout(v)
 		for _, u := range unit {
 			maxRank = max(maxRank, u.rank)
 			count++
@@ -457,18 +457,22 @@ func (s *session) pendingNeed(tried map[*jobState]bool) func(j *jobState) (Resou
 			return Resources{}, false
 		}
 		c := s.candidates(j)
-		if len(c) < needed(j) || !canReach(j, c) {
+		set := pickSet(j, c, needed(j))
+		if set == nil || !canReach(j, c) {
 			return Resources{}, false
 		}
-		return sumRes(c[:needed(j)]), true
+		return sumRes(set), true
 	}
 }
 
 // mayEvict says whether j may still evict to run in this action.
 func mayEvict(j *jobState, tried map[*jobState]bool) bool { return !tried[j] && !j.neverEvicts }
 
-// canReach says whether j, with pending pods c, can reach its minMember.
-func canReach(j *jobState, c []*podState) bool { return j.placed+len(c) >= j.minMember }
+// canReach says whether j, with pending pods c, can reach its minMember,
+// and each subgroup its own.
+func canReach(j *jobState, c []*podState) bool {
+	return j.placed+len(c) >= j.minMember && (j.subs == nil || subReach(j, c) == "")
+}
 
 // reclaim lets jobs of queues below their fair share (or within quota) take
 // resources back from other queues, under DESIGN.md's lowest-common-ancestor

@@ -165,6 +165,14 @@ type Job struct {
 	NeverEvicts bool
 	// MinMember pods are placed all-or-nothing; 0 means all of Pods.
 	MinMember int
+	// SubGroups are parts of the gang with minimums of their own (a
+	// JobSet's replicated jobs, an LWS leader and its workers, prefill and
+	// decode): the gang holds only when each has at least its MinMember
+	// placed, besides the job's MinMember in total. Pods name theirs in
+	// Pod.SubGroup; pods that name none count for the total only. A
+	// subgroup's minimum is not clamped to the pods that name it: one
+	// short of pods keeps the job's pending pods waiting, with the reason.
+	SubGroups []SubGroup
 	// CreatedAt orders jobs of equal priority (older first) and victims (newer
 	// first). A pod recreated after an eviction keeps its job's age.
 	CreatedAt time.Time
@@ -173,6 +181,15 @@ type Job struct {
 	// adapter does not track it). See Result.Jobs for what the core observed.
 	BelowMinMemberSince time.Time
 	Pods                []Pod
+}
+
+// SubGroup is one part of a gang: see Job.SubGroups.
+type SubGroup struct {
+	// Name is unique in the job, not empty.
+	Name string
+	// MinMember (at least 1) of the pods naming it are placed together,
+	// all or nothing, with the rest of the gang.
+	MinMember int
 }
 
 // Sharing is how a fractional pod shares a GPU.
@@ -269,6 +286,10 @@ type Alternative struct {
 type Pod struct {
 	Name    string
 	Request Request
+	// SubGroup names one of the job's SubGroups, or "" for none. A pending
+	// pod that names one the job does not have is invalid (its job's
+	// pending pods wait); a placed one counts for the job only.
+	SubGroup string
 	// NodeSelector labels must all match the node's labels.
 	NodeSelector map[string]string
 	// GPUModels, when not empty, lists the GPU models the pod may use.
@@ -453,7 +474,8 @@ type JobStatus struct {
 	// Placed counts pods bound or running (after this cycle's decisions).
 	Placed  int
 	Pending int
-	// BelowMinMember is true when 0 < Placed < MinMember.
+	// BelowMinMember is true when some pods are placed but fewer than
+	// MinMember, or fewer than some subgroup's MinMember in it.
 	BelowMinMember bool
 }
 

@@ -96,7 +96,7 @@ func (s *session) dominantShare(q *queueState) float64 {
 // jobCmp orders jobs within a queue: short of minMember first, then
 // priority, then creation time, then name.
 func jobCmp(a, b *jobState) int {
-	as, bs := a.placed < a.minMember, b.placed < b.minMember
+	as, bs := a.short(), b.short()
 	if as != bs {
 		if as {
 			return -1

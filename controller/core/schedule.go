@@ -111,7 +111,7 @@ func (s *session) result(res *Result) {
 				res.Pending = append(res.Pending, PendingPod{Pod: p.name, Job: j.name, Reason: why})
 			}
 		}
-		st.BelowMinMember = j.placed > 0 && j.placed < j.gangMin()
+		st.BelowMinMember = j.belowMin()
 		res.Jobs[j.name] = st
 	}
 	if len(s.invalid) > 0 {

@@ -54,7 +54,7 @@ func (s *session) searchJob(j *jobState, cands []*podState, n int, a Action) boo
 			pods = append(pods, p)
 		}
 	}
-	if len(pods) < n || !s.mayHold(pods, n) {
+	if pickSet(j, pods, n) == nil || !s.mayHold(pods, n) {
 		return false
 	}
 	budget := min(searchBudget, s.searchLeft)
@@ -63,33 +63,60 @@ func (s *session) searchJob(j *jobState, cands []*podState, n int, a Action) boo
 	alike := !slices.ContainsFunc(pods, func(p *podState) bool {
 		return p.feasible != nil || p.nodeScore != nil || p.matches != nil || p.avoids != nil || p.needs != nil || p.spread != nil
 	})
-	// Pods of one shape are interchangeable: once one is left out, so are
-	// the later ones (the pods taken of a shape are its first ones).
+	// Pods of one shape (and subgroup) are interchangeable: once one is
+	// left out, so are the later ones (the pods taken of a shape are its
+	// first ones).
+	key := func(p *podState) string { return p.shape }
+	if j.subs != nil {
+		key = func(p *podState) string {
+			if p.sub == nil {
+				return p.shape
+			}
+			return p.shape + "\x00" + p.sub.name
+		}
+	}
+	// Subgroups: what each still lacks (lack in all); a set of n holds
+	// only with every one met, and a pod is left out only when its
+	// subgroup keeps enough other pods after it (spare).
+	need, lack, spare := subSearch(j, pods, key)
 	out := map[string]bool{}
 	var dfs func(i, placed int) bool
 	dfs = func(i, placed int) bool {
 		if placed == n {
 			return true
 		}
-		if len(pods)-i < n-placed || budget <= 0 {
+		if len(pods)-i < n-placed || budget <= 0 || n-placed < lack {
 			return false
 		}
 		budget--
 		p := pods[i]
-		if out[p.shape] {
+		if out[key(p)] {
 			return dfs(i+1, placed)
 		}
 		if s.gates(j, p.res, true) == "" {
-			if s.tryNodes(p, a, alike, &budget, func() bool { return dfs(i+1, placed+1) }) {
+			took := p.sub != nil && need[p.sub.idx] > 0
+			if took {
+				need[p.sub.idx]--
+				lack--
+			}
+			ok := s.tryNodes(p, a, alike, &budget, func() bool { return dfs(i+1, placed+1) })
+			if took {
+				need[p.sub.idx]++
+				lack++
+			}
+			if ok {
 				return true
 			}
 			if budget <= 0 {
 				return false
 			}
 		}
-		out[p.shape] = true
+		if p.sub != nil && spare[i] < need[p.sub.idx] {
+			return false
+		}
+		out[key(p)] = true
 		ok := dfs(i+1, placed)
-		delete(out, p.shape)
+		delete(out, key(p))
 		return ok
 	}
 	start := budget

@@ -106,6 +106,8 @@ type podState struct {
 	feasible  func(node string, gpu int) bool
 	pinned    bool
 	phase     PodPhase
+	// sub is the job's subgroup the pod names (Pod.SubGroup); nil: none.
+	sub *subState
 	// res is what the pod counts for its queue; res[ResGPU] is an estimate
 	// while pending and exact once placed.
 	res Resources
@@ -168,8 +170,10 @@ type jobState struct {
 	declaredMin int
 	created     time.Time
 	belowSince  time.Time
-	pods        []*podState
-	placed      int
+	// subs are Job.SubGroups, in order (subgroups.go).
+	subs   []*subState
+	pods   []*podState
+	placed int
 	// invalid counts its pending pods left out of the cycle (addPods).
 	invalid int
 	// gated is set when allocate left the job pending for a policy reason
@@ -422,6 +426,9 @@ func (s *session) place(p *podState, n *nodeState, gpus []int, milli, mem []int6
 	}
 	j := p.job
 	j.placed++
+	if p.sub != nil {
+		p.sub.placed++
+	}
 	for q := j.queue; q != nil; q = q.parent {
 		addRes(&q.allocated, res, 1)
 		if !j.preemptible {
@@ -477,6 +484,9 @@ func (s *session) unplace(p *podState) {
 	}
 	j := p.job
 	j.placed--
+	if p.sub != nil {
+		p.sub.placed--
+	}
 	for q := j.queue; q != nil; q = q.parent {
 		addRes(&q.allocated, p.res, -1)
 		if !j.preemptible {
@@ -662,6 +672,9 @@ func (s *session) readPod(j *jobState, p *Pod) (ps *podState, pl *plan, err erro
 		return nil, nil, err
 	}
 	ps = &podState{name: p.Name, job: j, req: r, selector: p.NodeSelector, models: p.GPUModels, feasible: p.Feasible, pinned: p.Pinned, phase: p.Phase, rank: -1, lastOp: -1}
+	if ps.sub, err = subOf(j, p); err != nil {
+		return nil, nil, err
+	}
 	for _, terms := range []struct {
 		names []string
 		dst   *[]int
@@ -769,6 +782,9 @@ func (s *session) admitPod(ps *podState, pl *plan) {
 		// Terminating: it holds the node's capacity but not its job's
 		// or queue's.
 		j.placed--
+		if ps.sub != nil {
+			ps.sub.placed--
+		}
 		for q := j.queue; q != nil; q = q.parent {
 			addRes(&q.allocated, res, -1)
 			if !j.preemptible {

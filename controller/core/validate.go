@@ -185,7 +185,7 @@ func (s *session) jobProblem(j *Job, twice bool) string {
 	case len(q.children) > 0:
 		return fmt.Sprintf("queue %s is a parent queue; jobs belong in leaf queues", j.Queue)
 	}
-	return ""
+	return subGroupsProblem(j)
 }
 
 // addJobs builds the jobs and their pods. A job that cannot be scheduled
@@ -203,7 +203,7 @@ func (s *session) addJobs(snap *Snapshot) {
 			continue
 		}
 		q := s.queueByN[j.Queue]
-		js := &jobState{name: j.Name, queue: q, priority: j.Priority, preemptible: j.Preemptible, neverEvicts: j.NeverEvicts, minMember: j.MinMember, declaredMin: j.MinMember, created: j.CreatedAt, belowSince: j.BelowMinMemberSince}
+		js := &jobState{name: j.Name, queue: q, priority: j.Priority, preemptible: j.Preemptible, neverEvicts: j.NeverEvicts, minMember: j.MinMember, declaredMin: j.MinMember, created: j.CreatedAt, belowSince: j.BelowMinMemberSince, subs: newSubs(j)}
 		if js.minMember <= 0 || js.minMember > len(j.Pods) {
 			js.minMember = max(len(j.Pods), 1)
 		}

@@ -62,14 +62,24 @@ type fileJob struct {
 	Preemptible *bool  `json:"preemptible"`
 	// PreemptionPolicy is an extension of SCENARIOS.md: Kubernetes'
 	// PreemptLowerPriority (default) or Never.
-	PreemptionPolicy string    `json:"preemptionPolicy"`
-	MinMember        *int      `json:"minMember"`
-	CreatedAt        *Quantity `json:"createdAt"`
-	Pods             []filePod `json:"pods"`
+	PreemptionPolicy string `json:"preemptionPolicy"`
+	MinMember        *int   `json:"minMember"`
+	// SubGroups: parts of the gang with minimums of their own
+	// (core.Job.SubGroups); pods name theirs in subGroup.
+	SubGroups []fileSubGroup `json:"subGroups"`
+	CreatedAt *Quantity      `json:"createdAt"`
+	Pods      []filePod      `json:"pods"`
+}
+
+type fileSubGroup struct {
+	Name      string `json:"name"`
+	MinMember *int   `json:"minMember"`
 }
 
 type filePod struct {
 	Count *int `json:"count"`
+	// SubGroup names one of the job's subGroups.
+	SubGroup string `json:"subGroup"`
 	fileGPU
 	CPU     *Quantity    `json:"cpu"`
 	Memory  *Quantity    `json:"memory"`

@@ -2,6 +2,7 @@ package scenario
 
 import (
 	"fmt"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -385,6 +386,7 @@ func normalizeJobs(in []fileJob, queues []Queue, nodes []Node) ([]Job, error) {
 				pc := pod
 				pc.Index = len(j.Pods)
 				pc.FileIndex = k
+				pc.SubGroup = fp.SubGroup
 				pc.Name = j.Name + "-" + strconv.Itoa(pc.Index)
 				if other, dup := podNames[pc.Name]; dup {
 					return nil, ferr(pp, "pod name %s is taken by job %s; rename one of the jobs", pc.Name, other)
@@ -410,6 +412,9 @@ func normalizeJobs(in []fileJob, queues []Queue, nodes []Node) ([]Job, error) {
 				return nil, ferr(p+".minMember", "%d is out of range (1 to the job's %d pods)", *fj.MinMember, len(j.Pods))
 			}
 			j.MinMember = *fj.MinMember
+		}
+		if err := normalizeSubGroups(&j, fj, p); err != nil {
+			return nil, err
 		}
 		out = append(out, j)
 	}
@@ -830,6 +835,50 @@ func checkMax(v int64, raw string) error {
 			return fmt.Errorf("is above the most the core accepts (%d in its unit)", core.MaxAmount)
 		}
 		return fmt.Errorf("%s is above the most the core accepts (%d in its unit)", raw, core.MaxAmount)
+	}
+	return nil
+}
+
+// dnsLabel is what a subgroup's name must be (the CRD's rule).
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+// normalizeSubGroups reads a job's subGroups and checks its pods' subGroup
+// against them: each name a DNS label, unique; every pod's subGroup one of
+// them; each minMember from 1 to the pods that name it (a file shows what
+// the scheduler does with pods that exist, as minMember is bounded by the
+// job's pods).
+func normalizeSubGroups(j *Job, fj fileJob, p string) error {
+	defined := map[string]bool{}
+	for i, fg := range fj.SubGroups {
+		gp := listElem(p+".subGroups", fg.Name, i)
+		switch {
+		case fg.Name == "":
+			return ferr(gp+".name", "required")
+		case len(fg.Name) > 63 || !dnsLabel.MatchString(fg.Name):
+			return ferr(gp+".name", "%q is not a DNS label (lower-case letters, digits and '-', at most 63)", fg.Name)
+		case defined[fg.Name]:
+			return ferr(gp+".name", "subgroup %s is defined twice", fg.Name)
+		}
+		defined[fg.Name] = true
+	}
+	for k, fp := range fj.Pods {
+		if fp.SubGroup != "" && !defined[fp.SubGroup] {
+			return ferr(fmt.Sprintf("%s.pods[%d].subGroup", p, k), "subgroup %s is not defined in the job's subGroups", fp.SubGroup)
+		}
+	}
+	count := map[string]int{}
+	for _, pod := range j.Pods {
+		count[pod.SubGroup]++
+	}
+	for i, fg := range fj.SubGroups {
+		gp := listElem(p+".subGroups", fg.Name, i)
+		switch {
+		case fg.MinMember == nil:
+			return ferr(gp+".minMember", "required")
+		case *fg.MinMember < 1 || *fg.MinMember > count[fg.Name]:
+			return ferr(gp+".minMember", "%d is out of range (1 to the %d pods that name subgroup %s)", *fg.MinMember, count[fg.Name], fg.Name)
+		}
+		j.SubGroups = append(j.SubGroups, SubGroup{Name: fg.Name, MinMember: *fg.MinMember})
 	}
 	return nil
 }

@@ -84,6 +84,8 @@ type pgPod struct {
 	// alts are the pod's alternatives (Pod.Alternatives), in order; only
 	// their GPU fields (whole, milli, gmem, sharing, nvreq) are set.
 	alts []pgPod
+	// sub is the subgroup the pod names ("": none).
+	sub string
 }
 
 // as is the pod while it holds request alt (core.Placement's Alternative):
@@ -122,6 +124,39 @@ type pgJob struct {
 	minMember int
 	createdAt int64
 	pods      []*pgPod
+	// subs are the job's subgroups (Job.SubGroups), in order.
+	subs []pgSub
+}
+
+type pgSub struct {
+	name string
+	min  int
+}
+
+// holds says whether the job's gang holds with the pods placed says are
+// placed: minMember in all and every subgroup at its minimum (or none
+// placed at all, which the gang rule allows too).
+func (j *pgJob) holds(placed func(p *pgPod) bool) (bool, string) {
+	n := 0
+	per := map[string]int{}
+	for _, p := range j.pods {
+		if placed(p) {
+			n++
+			per[p.sub]++
+		}
+	}
+	if n == 0 {
+		return true, ""
+	}
+	if n < j.minMember {
+		return false, fmt.Sprintf("%d pod(s) placed, below its minMember %d", n, j.minMember)
+	}
+	for _, s := range j.subs {
+		if per[s.name] < s.min {
+			return false, fmt.Sprintf("%d pod(s) of subgroup %s placed, below its minMember %d", per[s.name], s.name, s.min)
+		}
+	}
+	return true, ""
 }
 
 type pgScenario struct {
@@ -149,8 +184,10 @@ type pgGen struct {
 	r *rand.Rand
 	// alt draws the pods' alternatives, from its own stream, so that the
 	// main stream (r), and with it everything else a seed generates, is
-	// what it was before alternatives were generated.
+	// what it was before alternatives were generated. sub draws subgroups
+	// the same way.
 	alt      *rand.Rand
+	sub      *rand.Rand
 	sc       *pgScenario
 	use      map[string][]pgGPUUse
 	cpuUsed  map[string]int64
@@ -178,7 +215,7 @@ func (g *pgGen) shuffledNodes() []*pgNode {
 
 // generateProperty builds the scenario of one seed: its model and its YAML.
 func generateProperty(seed uint64) *pgScenario {
-	g := &pgGen{r: rand.New(rand.NewPCG(seed, 0x7e55e7a)), alt: rand.New(rand.NewPCG(seed, 0xa17e5)), use: map[string][]pgGPUUse{}, cpuUsed: map[string]int64{}, memUsed: map[string]int64{}}
+	g := &pgGen{r: rand.New(rand.NewPCG(seed, 0x7e55e7a)), alt: rand.New(rand.NewPCG(seed, 0xa17e5)), sub: rand.New(rand.NewPCG(seed, 0x5b9)), use: map[string][]pgGPUUse{}, cpuUsed: map[string]int64{}, memUsed: map[string]int64{}}
 	sc := &pgScenario{seed: seed, name: fmt.Sprintf("property-%d", seed)}
 	if os.Getenv("TESSERA_PROPERTY_MODE") == "reclaim" {
 		g.reclaimy = true
@@ -551,6 +588,9 @@ func (g *pgGen) genJobs() {
 		} else if g.chance(0.1) {
 			head = append(head, fmt.Sprintf("minMember: %d", j.minMember))
 		}
+		if sg := g.genSubGroups(j); sg != "" {
+			head = append(head, sg)
+		}
 		g.sc.jobs = append(g.sc.jobs, j)
 		// Preemptible jobs start running more often, so that reclaim,
 		// preempt and consolidate have victims.
@@ -562,13 +602,25 @@ func (g *pgGen) genJobs() {
 
 		var b strings.Builder
 		fmt.Fprintf(&b, "- %s\n  pods:\n", strings.Join(head, "\n  "))
-		if !running {
+		if !running && j.subs == nil {
 			for _, gr := range groups {
 				fields := gr.yaml
 				if gr.count > 1 || g.chance(0.2) {
 					fields = fmt.Sprintf("count: %d, %s", gr.count, fields)
 				}
 				fmt.Fprintf(&b, "  - {%s}\n", fields)
+			}
+		} else if !running {
+			// Runs of pods of one entry and one subgroup.
+			i := 0
+			for _, gr := range groups {
+				for k := 0; k < gr.count; {
+					sub, n := j.pods[i].sub, 0
+					for k < gr.count && j.pods[i].sub == sub {
+						k, i, n = k+1, i+1, n+1
+					}
+					fmt.Fprintf(&b, "  - {count: %d, %s%s}\n", n, gr.yaml, subField(sub))
+				}
 			}
 		} else {
 			// One entry per pod, so each can say where it runs.
@@ -577,7 +629,7 @@ func (g *pgGen) genJobs() {
 				for k := 0; k < gr.count; k++ {
 					p := j.pods[i]
 					i++
-					fields := gr.yaml
+					fields := gr.yaml + subField(p.sub)
 					if p.runNode != "" {
 						run := fmt.Sprintf("running: {node: %s", p.runNode)
 						if len(p.runGPUs) > 0 {
@@ -655,7 +707,7 @@ func (g *pgGen) placeRunning(j *pgJob) bool {
 			break
 		}
 	}
-	if len(done) < j.minMember || !g.queuesValid() {
+	if held, _ := j.holds(func(p *pgPod) bool { return p.runNode != "" }); !held || len(done) < j.minMember || !g.queuesValid() {
 		rollback()
 		return false
 	}
@@ -833,4 +885,43 @@ func pgInts(v []int) string {
 		s[i] = strconv.Itoa(x)
 	}
 	return "[" + strings.Join(s, ", ") + "]"
+}
+
+// genSubGroups gives some jobs of two pods or more subgroups, from their
+// own stream (g.sub): the pods split in order into 2 or 3 runs, each a
+// subgroup with a minimum from 1 to its pods; the job's minMember stays
+// what it was (the two minimums add up). It returns the job's subGroups
+// line, or "".
+func (g *pgGen) genSubGroups(j *pgJob) string {
+	if len(j.pods) < 2 || g.sub.Float64() >= 0.3 {
+		return ""
+	}
+	k := 2 + g.sub.IntN(min(2, len(j.pods)-1))
+	// k-1 distinct cut points in 1..len-1, ascending.
+	cuts := g.sub.Perm(len(j.pods) - 1)[:k-1]
+	slices.Sort(cuts)
+	var parts []string
+	start := 0
+	for i := 0; i < k; i++ {
+		end := len(j.pods)
+		if i < k-1 {
+			end = cuts[i] + 1
+		}
+		s := pgSub{name: fmt.Sprintf("s%d", i), min: 1 + g.sub.IntN(end-start)}
+		for _, p := range j.pods[start:end] {
+			p.sub = s.name
+		}
+		j.subs = append(j.subs, s)
+		parts = append(parts, fmt.Sprintf("{name: %s, minMember: %d}", s.name, s.min))
+		start = end
+	}
+	return "subGroups: [" + strings.Join(parts, ", ") + "]"
+}
+
+// subField is a pod entry's subGroup field, or "" for none.
+func subField(sub string) string {
+	if sub == "" {
+		return ""
+	}
+	return ", subGroup: " + sub
 }

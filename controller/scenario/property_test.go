@@ -161,6 +161,9 @@ func TestPropertyGeneratorCovers(t *testing.T) {
 			if j.minMember < len(j.pods) {
 				seen["minMember below pods"]++
 			}
+			if j.subs != nil {
+				seen["subgroups"]++
+			}
 			for _, p := range j.pods {
 				switch {
 				case p.milli > 0:
@@ -204,7 +207,7 @@ func TestPropertyGeneratorCovers(t *testing.T) {
 		}
 	}
 	for _, k := range []string{"cpu or memory quota", "gpu limit", "queue depth 1", "queue depth 2", "queue depth 3",
-		"long run", "consolidation off", "spread", "preemptible job", "non-preemptible job", "minMember below pods",
+		"long run", "consolidation off", "spread", "preemptible job", "non-preemptible job", "minMember below pods", "subgroups",
 		"share fraction", "memory fraction", "cpu-only pod", "1-GPU pod", "2-GPU pod", "4-GPU pod", "8-GPU pod",
 		"timeslice", "nvlink required", "running pod", "alternatives", "running pod with alternatives",
 		"share alternative", "memory alternative", "whole alternative", "nvlink alternative"} {
@@ -454,9 +457,19 @@ func (ck *propChecker) checkSpec(s *Spec) bool {
 			bad("job %s loaded as %+v", j.Name, j)
 			continue
 		}
+		var subs []pgSub
+		for _, g := range j.SubGroups {
+			subs = append(subs, pgSub{name: g.Name, min: g.MinMember})
+		}
+		if !slices.Equal(subs, m.subs) {
+			bad("job %s loaded with subgroups %+v, generated %+v", j.Name, subs, m.subs)
+		}
 		for i, p := range j.Pods {
 			mp := m.pods[i]
 			npods++
+			if p.SubGroup != mp.sub {
+				bad("pod %s loaded in subgroup %q, generated %q", p.Name, p.SubGroup, mp.sub)
+			}
 			var run []int
 			if p.Running != nil {
 				run = p.Running.GPUs
@@ -691,16 +704,11 @@ func (ck *propChecker) checkState(view map[string]podView, when string) {
 	// 1, 2: capacity, one sharing mode per GPU.
 	ck.checkCapacity(ck.holders(view), when)
 
-	// 3: gangs: 0 or at least minMember pods placed.
+	// 3: gangs: 0 or at least minMember pods placed, and each subgroup
+	// at least its own minMember.
 	for _, j := range ck.sc.jobs {
-		placed := 0
-		for _, p := range j.pods {
-			if view[p.name].placed() {
-				placed++
-			}
-		}
-		if placed > 0 && placed < j.minMember {
-			ck.bad("gang", "%s: job %s has %d pod(s) placed, below its minMember %d", when, j.name, placed, j.minMember)
+		if ok, why := j.holds(func(p *pgPod) bool { return view[p.name].placed() }); !ok {
+			ck.bad("gang", "%s: job %s has %s", when, j.name, why)
 		}
 	}
 

@@ -221,14 +221,14 @@ func (r *runner) snapshot(now time.Time) *core.Snapshot {
 	for ji := range r.spec.Jobs {
 		j := &r.spec.Jobs[ji]
 		cj := core.Job{Name: j.Name, Queue: j.Queue, Priority: int32(j.Priority), Preemptible: j.Preemptible, NeverEvicts: j.NeverEvicts,
-			MinMember: j.MinMember, BelowMinMemberSince: r.since[j.Name],
+			MinMember: j.MinMember, BelowMinMemberSince: r.since[j.Name], SubGroups: subGroups(j),
 			// Jobs created in the same second are older in file order
 			// (SCENARIOS.md: createdAt, default file order): a nanosecond
 			// per position breaks the tie without moving any second.
 			CreatedAt: simEpoch.Add(time.Duration(j.CreatedAt)*time.Second + time.Duration(ji))}
 		for pi := range j.Pods {
 			sp := r.byName[j.Pods[pi].Name]
-			cp := core.Pod{Name: sp.spec.Name, Request: request(sp.spec), Feasible: r.leastMemory(sp.spec)}
+			cp := core.Pod{Name: sp.spec.Name, SubGroup: sp.spec.SubGroup, Request: request(sp.spec), Feasible: r.leastMemory(sp.spec)}
 			for i := range sp.spec.Alternatives {
 				a, _ := sp.spec.As(i + 1)
 				cp.Alternatives = append(cp.Alternatives, core.Alternative{Request: request(a), Feasible: r.leastMemory(a)})
@@ -285,16 +285,11 @@ func (r *runner) cycle(c int, now time.Time) error {
 		}
 	}
 	// Stale-gang bookkeeping, as the controller's adapter keeps it: when a
-	// job was first seen with some but fewer than minMember pods placed.
+	// job was first seen with some but fewer than minMember pods placed
+	// (or fewer than a subgroup's minimum).
 	for ji := range r.spec.Jobs {
 		j := &r.spec.Jobs[ji]
-		placed := 0
-		for pi := range j.Pods {
-			if st := r.byName[j.Pods[pi].Name].state; st == StateBound || st == StateRunning {
-				placed++
-			}
-		}
-		if placed > 0 && placed < j.MinMember {
+		if j.Below(func(p *Pod) bool { st := r.byName[p.Name].state; return st == StateBound || st == StateRunning }) {
 			if r.since[j.Name].IsZero() {
 				r.since[j.Name] = now
 			}
@@ -564,4 +559,13 @@ func intsString(v []int) string {
 		s[i] = fmt.Sprint(x)
 	}
 	return "[" + strings.Join(s, ", ") + "]"
+}
+
+// subGroups is the job's subgroups for the core (nil: none).
+func subGroups(j *Job) []core.SubGroup {
+	var out []core.SubGroup
+	for _, g := range j.SubGroups {
+		out = append(out, core.SubGroup{Name: g.Name, MinMember: g.MinMember})
+	}
+	return out
 }

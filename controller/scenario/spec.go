@@ -84,13 +84,48 @@ type Job struct {
 	Preemptible bool
 	NeverEvicts bool // preemptionPolicy: Never
 	MinMember   int
-	CreatedAt   int64 // seconds
-	Pods        []Pod
+	// SubGroups are the gang's parts with minimums of their own, in file
+	// order; pods name theirs in Pod.SubGroup.
+	SubGroups []SubGroup
+	CreatedAt int64 // seconds
+	Pods      []Pod
+}
+
+// SubGroup is one part of a gang (core.SubGroup).
+type SubGroup struct {
+	Name      string
+	MinMember int
+}
+
+// Below says whether a job with placed pods (placed says which) is below
+// its gang: fewer than MinMember, or a subgroup below its own minimum.
+func (j *Job) Below(placed func(p *Pod) bool) bool {
+	n := 0
+	per := map[string]int{}
+	for i := range j.Pods {
+		if placed(&j.Pods[i]) {
+			n++
+			per[j.Pods[i].SubGroup]++
+		}
+	}
+	if n == 0 {
+		return false
+	}
+	if n < j.MinMember {
+		return true
+	}
+	for _, g := range j.SubGroups {
+		if per[g.Name] < g.MinMember {
+			return true
+		}
+	}
+	return false
 }
 
 // Pod is one pod of a job, named JOB-i.
 type Pod struct {
 	Name      string
+	SubGroup  string // one of its job's SubGroups, or ""
 	Index     int
 	FileIndex int   // which entry of the job's pods: list it came from
 	GPUMilli  int64 // whole GPUs × 1000, or a fraction below 1000; 0 with GPUMemory set or for CPU-only pods

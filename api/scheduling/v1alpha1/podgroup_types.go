@@ -32,6 +32,17 @@ type PodGroupSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:default=1
 	MinMember int32 `json:"minMember,omitempty"`
+	// SubGroups are parts of the gang with minimums of their own (a JobSet's
+	// replicated jobs, a LeaderWorkerSet's leader and workers, prefill and
+	// decode): the gang holds only when each has at least its minMember
+	// placed, and the group minMember in total. A pod names its subgroup
+	// with the annotation tessera.dev/pod-subgroup; pods that name none
+	// count for the total only.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	SubGroups []PodSubGroup `json:"subGroups,omitempty"`
 	// Queue is the leaf queue the gang runs in; empty means the pods' label
 	// tessera.dev/queue, or "default".
 	// +optional
@@ -39,6 +50,20 @@ type PodGroupSpec struct {
 	// PriorityClassName gives the gang's priority; empty means the pods' own.
 	// +optional
 	PriorityClassName string `json:"priorityClassName,omitempty"`
+}
+
+// PodSubGroup is one part of a gang: see PodGroupSpec.SubGroups.
+type PodSubGroup struct {
+	// Name is what pods give in their tessera.dev/pod-subgroup annotation:
+	// a DNS label, unique in the group.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+	// MinMember is how many of the pods naming this subgroup must be placed
+	// together, with the rest of the gang.
+	// +kubebuilder:validation:Minimum=1
+	MinMember int32 `json:"minMember"`
 }
 
 // PodGroupStatus is what the scheduler observed about a gang.
