@@ -7,7 +7,7 @@ COMMANDS := $(notdir $(wildcard cmd/*))
 # Go test timeout: the integration packages start a real control plane.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: real-gpu all build test unit lint controlplane scenarios clean generate scale soak demo helm chart-sync chart-check fuzz
+.PHONY: real-gpu all build test unit lint controlplane operators scenarios clean generate scale soak demo helm chart-sync chart-check fuzz
 
 all: build
 
@@ -19,8 +19,13 @@ build:
 controlplane:
 	hack/build-controlplane.sh
 
-test: controlplane chart-check
-	TESSERA_BIN_DIR=$$(hack/build-controlplane.sh) TESSERA_HELM=$$(hack/tools/helm/build.sh) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+# The workload controllers the tests run beside it (Kubeflow training-operator
+# and trainer, KubeRay, JobSet, LeaderWorkerSet), built the same way.
+operators:
+	hack/build-operators.sh
+
+test: controlplane operators chart-check
+	TESSERA_BIN_DIR=$$(hack/build-controlplane.sh) TESSERA_OPERATORS_DIR=$$(hack/build-operators.sh) TESSERA_HELM=$$(hack/tools/helm/build.sh) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 	$(MAKE) scenarios
 
 # Unit tests only: no control plane needed.
