@@ -78,6 +78,11 @@ type Result struct {
 	// Allocated1 and Allocated2 are each Queue's allocated GPUs (status)
 	// after each act.
 	Allocated1, Allocated2 map[string]resource.Quantity
+	// JobWaiting are the Indexed Job's pods while its gang cannot start
+	// whole (act 4), JobWhy what `kubectl tessera why` said of one of them,
+	// and JobBound the same pods once room appeared.
+	JobWaiting, JobBound map[string]Placement
+	JobWhy               string
 }
 
 // Placement is where a pod landed, or why it waits.
@@ -205,7 +210,7 @@ func (d *demo) run(ctx context.Context) (*Result, error) {
 	}
 
 	d.say("\n════ Act 3: team-b adds a 20Gi share through the device plugin, no claim ════")
-	if err := d.apply(ctx, func(name string) bool { return name >= "20" }); err != nil {
+	if err := d.apply(ctx, func(name string) bool { return name >= "20" && name < "30" }); err != nil {
 		return nil, err
 	}
 	d.logf("waiting for the device-plugin pod team-b/embed")
@@ -213,6 +218,9 @@ func (d *demo) run(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 	if _, err = d.story(ctx, res.Act3); err != nil {
+		return nil, err
+	}
+	if err := d.jobAct(ctx, res); err != nil {
 		return nil, err
 	}
 	return res, nil

@@ -15,7 +15,8 @@ import (
 // TestDemo runs the local demo's whole flow and checks its story: act 1
 // places everything but the pod of an unknown queue, act 2's reclaim binds
 // team-b's gang by evicting only borrowed (preemptible, over-quota) pods,
-// act 3's device-plugin pod shares an MPS GPU with claims.
+// act 3's device-plugin pod shares an MPS GPU with claims, act 4's Indexed
+// Job is one gang with no PodGroup written.
 func TestDemo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a real control plane, kwok nodes, tessera-node and tessera-controller; skipped with -short")
@@ -102,6 +103,33 @@ func TestDemo(t *testing.T) {
 	for pod, p := range res.Act2 {
 		if q := res.Act3[pod]; q.Node != p.Node || strings.Join(q.Devices, ",") != strings.Join(p.Devices, ",") {
 			t.Errorf("act 3 moved %s: %+v, was %+v", pod, q, p)
+		}
+	}
+
+	checkJobAct(t, res)
+}
+
+// checkJobAct: act 4's Indexed Job, with no PodGroup written, waits whole
+// while it cannot start whole, `why` names the gang the grouper made, and
+// every worker binds once llm-train's 8 GPUs are free.
+func checkJobAct(t *testing.T, res *Result) {
+	t.Helper()
+	if len(res.JobWaiting) != jobWorkers || len(res.JobBound) != jobWorkers {
+		t.Fatalf("act 4: want %d workers waiting then bound, got %+v then %+v", jobWorkers, res.JobWaiting, res.JobBound)
+	}
+	for pod, p := range res.JobWaiting {
+		if p.Node != "" || !strings.Contains(p.Pending, "4 pods") {
+			t.Errorf("act 4: %s should wait with its gang of 4 (no worker bound alone), got %+v", pod, p)
+		}
+	}
+	for _, want := range []string{"PodGroup team-a/job-" + jobName, "made by the pod grouper for Job " + jobName, "4 pods must start together"} {
+		if !strings.Contains(res.JobWhy, want) {
+			t.Errorf("act 4: kubectl tessera why does not say %q:\n%s", want, res.JobWhy)
+		}
+	}
+	for pod, p := range res.JobBound {
+		if p.Node == "" || len(p.Devices) != 2 {
+			t.Errorf("act 4: %s should run on 2 GPUs once room appeared, got %+v", pod, p)
 		}
 	}
 }

@@ -6,8 +6,9 @@
 //	            scheduler's fair share, what is allocated and pending; pods
 //	nodes       every Tessera GPU: model, memory, sharing mode, what is used
 //	            and by which pods (from ResourceSlices and allocated claims)
-//	why POD     why a pod waits: the scheduler's reason, its queue, and the
-//	            scheduler's recent events for it
+//	why POD     why a pod waits: the scheduler's reason, its queue, its gang
+//	            (PodGroup, who made it, its state) and the scheduler's recent
+//	            events for it
 package ctl
 
 import (
@@ -372,10 +373,10 @@ func why(ctx context.Context, c Clients, name string, out io.Writer) error {
 		queue = kube.DefaultQueue + " (no " + kube.LabelQueue + " label)"
 	}
 	fmt.Fprintf(out, "Pod %s/%s, queue %s", pod.Namespace, pod.Name, queue)
-	if g := pod.Annotations[kube.AnnotationPodGroup]; g != "" {
-		fmt.Fprintf(out, ", pod group %s", g)
-	}
 	fmt.Fprintln(out)
+	if err := describeGroup(ctx, c, pod, out); err != nil {
+		return err
+	}
 	switch {
 	case pod.Spec.SchedulerName != kube.SchedulerName:
 		fmt.Fprintf(out, "Not scheduled by Tessera: schedulerName is %q, not %q.\n", pod.Spec.SchedulerName, kube.SchedulerName)
