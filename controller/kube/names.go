@@ -20,6 +20,9 @@ const (
 	LabelQueue = "tessera.dev/queue"
 	// AnnotationPodGroup names the PodGroup (in the pod's namespace) a pod belongs to.
 	AnnotationPodGroup = "tessera.dev/pod-group"
+	// AnnotationPodSubGroup names the pod's subgroup: one of its
+	// PodGroup's spec.subGroups.
+	AnnotationPodSubGroup = "tessera.dev/pod-subgroup"
 	// AnnotationPreemptible overrides whether a pod's job is preemptible
 	// ("true"/"false"); by default jobs below priority 100 are.
 	AnnotationPreemptible = "tessera.dev/preemptible"

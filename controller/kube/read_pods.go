@@ -86,6 +86,9 @@ func (b *snapshotBuild) readPod(pod *v1.Pod) {
 		return
 	}
 	cp := core.Pod{Name: key, Request: s.withCSIVolumes(pod, e.req), NodeSelector: pod.Spec.NodeSelector, Phase: core.PodPending}
+	if ours {
+		cp.SubGroup = pod.Annotations[AnnotationPodSubGroup]
+	}
 	if err := b.podTerms(&cp, pod, ours, bound); err != nil {
 		b.problem(key, pod, err.Error())
 		return
@@ -332,6 +335,7 @@ func (s *Scheduler) jobFor(pod *v1.Pod, ours bool, leaf func(string) (bool, stri
 		}
 		job.Name = pod.Namespace + "/" + name
 		job.MinMember = spec.minMember
+		job.SubGroups = spec.subGroups
 		job.CreatedAt = pg.CreationTimestamp.Time
 		if spec.queue != "" {
 			queue = spec.queue

@@ -624,6 +624,7 @@ func queueAmount(q resource.Quantity, u unit) (int64, error) {
 type groupSpec struct {
 	minMember int
 	queue     string
+	subGroups []core.SubGroup
 }
 
 // podGroupSpec reads a PodGroup's spec with range checks (the CRD checks
@@ -634,5 +635,11 @@ func podGroupSpec(pg *schedv1.PodGroup) (groupSpec, error) {
 	if pg.Spec.MinMember < 1 {
 		return groupSpec{}, fmt.Errorf("PodGroup %s/%s: spec.minMember %d must be at least 1", pg.Namespace, pg.Name, pg.Spec.MinMember)
 	}
-	return groupSpec{minMember: int(pg.Spec.MinMember), queue: pg.Spec.Queue}, nil
+	spec := groupSpec{minMember: int(pg.Spec.MinMember), queue: pg.Spec.Queue}
+	// Names and minimums are checked by the CRD and again by the core,
+	// whose reason names the group.
+	for _, g := range pg.Spec.SubGroups {
+		spec.subGroups = append(spec.subGroups, core.SubGroup{Name: g.Name, MinMember: int(g.MinMember)})
+	}
+	return spec, nil
 }

@@ -287,6 +287,10 @@ func TestPodGroupSpec(t *testing.T) {
 	got, err := podGroupSpec(pg)
 	require.NoError(t, err)
 	assert.Equal(t, groupSpec{minMember: 3, queue: "team"}, got)
+	pg.Spec.SubGroups = []schedv1.PodSubGroup{{Name: "leader", MinMember: 1}, {Name: "workers", MinMember: 2}}
+	got, err = podGroupSpec(pg)
+	require.NoError(t, err)
+	assert.Equal(t, []core.SubGroup{{Name: "leader", MinMember: 1}, {Name: "workers", MinMember: 2}}, got.subGroups)
 	for _, m := range []int32{0, -1, -2147483648} {
 		pg.Spec.MinMember = m
 		_, err := podGroupSpec(pg)
