@@ -60,6 +60,16 @@ func describeTesseraGroup(ctx context.Context, c Clients, pod *v1.Pod, name stri
 		}
 	}
 	fmt.Fprintf(out, "Group: PodGroup %s/%s (%s): %d pods must start together", pg.Namespace, pg.Name, made, max(pg.Spec.MinMember, 1))
+	if len(pg.Spec.SubGroups) > 0 {
+		var subs []string
+		for _, sg := range pg.Spec.SubGroups {
+			subs = append(subs, fmt.Sprintf("%s ≥ %d", sg.Name, sg.MinMember))
+		}
+		fmt.Fprintf(out, "; subgroups %s", strings.Join(subs, ", "))
+	}
+	if sub := pod.Annotations[kube.AnnotationPodSubGroup]; sub != "" {
+		fmt.Fprintf(out, "; this pod is in subgroup %s", sub)
+	}
 	fmt.Fprintf(out, ".\n  State: phase %s, %d scheduled, %d running.\n", dash(string(pg.Status.Phase)), pg.Status.Scheduled, pg.Status.Running)
 	if cond := meta.FindStatusCondition(pg.Status.Conditions, schedv1.PodGroupConditionScheduled); cond != nil {
 		fmt.Fprintf(out, "  %s=%s (%s): %s\n", cond.Type, cond.Status, cond.Reason, cond.Message)
