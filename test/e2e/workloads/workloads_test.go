@@ -1,0 +1,156 @@
+package workloads_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-gpu/tessera/controller/kube"
+	"github.com/tessera-gpu/tessera/test/framework"
+)
+
+// holdFor is how long a gang that does not fit is watched binding nothing:
+// many scheduling cycles (the controller runs one every 200 ms).
+const holdFor = 3 * time.Second
+
+var inTeamA = map[string]string{kube.LabelQueue: teamA}
+
+// TestGangs: for each kind with one gang per object, driven by its real
+// controller, on the 8-GPU node where team-a runs a 4-GPU pod that is no
+// victim ("base") and a 2-GPU pod ("hold"): a gang of 4 GPUs, of which 2
+// would fit, binds no pod and every pod says why; when hold is deleted
+// every pod binds in one cycle; when team-b asks for 2 GPUs, reclaim evicts
+// the whole gang, not the one pod that would free them. (Reclaim leaves
+// team-a at its quota of 4, which DESIGN.md's rule requires.)
+func TestGangs(t *testing.T) {
+	cases := []struct {
+		name      string
+		operators []string
+		workload  func(e *env) framework.Workload
+	}{
+		{"pytorchjob", []string{framework.TrainingOperator}, func(e *env) framework.Workload {
+			return framework.PyTorchJob(e.ns, "llama", 3, framework.PodShape{GPUs: 1, Labels: inTeamA}) // master + 3 workers × 1 GPU
+		}},
+		{"jobset", []string{framework.JobSet}, func(e *env) framework.Workload {
+			return framework.JobSetOf(e.ns, "js", []int{2, 2}, framework.PodShape{GPUs: 1, Labels: inTeamA}) // 2 replicated jobs × 2 pods × 1 GPU
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, tc.operators...)
+			w := tc.workload(e)
+			e.baseAndHold()
+			e.create(w)
+			e.waitAllPending(w, 2)
+			e.holdNoneBound(w)
+			e.freeHold(w)
+			e.reclaimWholeGang(w, 2)
+		})
+	}
+}
+
+// baseAndHold fills 6 of the 8 GPUs with team-a's pods: base (4 GPUs, not
+// preemptible) and hold (2 GPUs).
+func (e *env) baseAndHold() {
+	e.t.Helper()
+	e.bareGPUPod("base", teamA, 4, false)
+	e.bareGPUPod("hold", teamA, 2, true)
+	e.waitBound("base")
+	e.waitBound("hold")
+}
+
+// waitAllPending waits until the workload's pods exist, each in a group
+// the grouper made, and each says why it waits, naming its group.
+func (e *env) waitAllPending(w framework.Workload, free int) {
+	e.t.Helper()
+	var sample string
+	e.eventually(fmt.Sprintf("%d pods of %s pending with their gang's reason", w.Pods, w.Object.GetName()), 2*time.Minute, func() (bool, string) {
+		pods := e.pods(w)
+		if len(pods) != w.Pods {
+			return false, fmt.Sprintf("%d of %d pods", len(pods), w.Pods)
+		}
+		for _, p := range pods {
+			group := p.Annotations[kube.AnnotationPodGroup]
+			why := pendingReason(&p)
+			if group == "" || !strings.Contains(why, group) {
+				return false, fmt.Sprintf("pod %s (group %q): %s", p.Name, group, why)
+			}
+			if p.Spec.NodeName != "" {
+				e.t.Fatalf("pod %s bound to %s although its gang does not fit on %d free GPUs", p.Name, p.Spec.NodeName, free)
+			}
+			sample = fmt.Sprintf("pod %s: %s", p.Name, why)
+		}
+		return true, ""
+	})
+	e.t.Logf("%s %s, %d free GPUs: %s", w.Object.GetKind(), w.Object.GetName(), free, sample)
+}
+
+// holdNoneBound watches the gang over many cycles: no pod may bind.
+func (e *env) holdNoneBound(w framework.Workload) {
+	e.t.Helper()
+	for end := time.Now().Add(holdFor); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if n := bound(e.pods(w)); n > 0 {
+			e.t.Fatalf("%d pods of %s bound although the gang does not fit", n, w.Object.GetName())
+		}
+	}
+}
+
+// freeHold deletes the 2-GPU pod; then every waiting pod of the workload
+// binds, in one cycle: PodScheduled turns true for all within a second (its
+// resolution).
+func (e *env) freeHold(w framework.Workload) {
+	e.t.Helper()
+	waiting := map[string]bool{}
+	for _, p := range e.pods(w) {
+		waiting[p.Name] = p.Spec.NodeName == ""
+	}
+	if err := e.client.CoreV1().Pods(e.ns).Delete(e.ctx, "hold", metav1.DeleteOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	var pods []corev1.Pod
+	e.eventually("every pod of "+w.Object.GetName()+" bound", time.Minute, func() (bool, string) {
+		pods = e.pods(w)
+		n := bound(pods)
+		return n == w.Pods, fmt.Sprintf("%d of %d bound", n, w.Pods)
+	})
+	var first, last time.Time
+	for _, p := range pods {
+		was, ok := waiting[p.Name]
+		if !ok {
+			e.t.Fatalf("pod %s is new: the workload's pods were replaced while waiting", p.Name)
+		}
+		if !was {
+			continue
+		}
+		at := boundAt(p)
+		if first.IsZero() || at.Before(first) {
+			first = at
+		}
+		if at.After(last) {
+			last = at
+		}
+	}
+	if last.Sub(first) > time.Second {
+		e.t.Fatalf("the waiting pods bound over %v (first %v, last %v); want one cycle", last.Sub(first), first, last)
+	}
+	e.t.Logf("the waiting pods bound within %v of each other", last.Sub(first))
+}
+
+// reclaimWholeGang: team-b asks for gpus GPUs, within its quota, while
+// team-a holds all 8; every pod of the gang is evicted, though fewer would
+// have freed enough.
+func (e *env) reclaimWholeGang(w framework.Workload, gpus int) {
+	e.t.Helper()
+	uids := map[types.UID]string{}
+	for _, p := range e.pods(w) {
+		uids[p.UID] = p.Name
+	}
+	e.bareGPUPod("reclaimer", teamB, gpus, true)
+	e.waitBound("reclaimer")
+	e.eventually("every pod of the gang evicted", 30*time.Second, func() (bool, string) { return e.gone(uids) })
+}
