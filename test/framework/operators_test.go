@@ -31,6 +31,9 @@ func TestOperators(t *testing.T) {
 		{"jobset", []string{JobSet}, func(_ *testing.T, ns string, _ map[string]*Operator) Workload {
 			return JobSetOf(ns, "js", []int{2, 3}, gpu) // 2 replicated jobs
 		}, []string{"mjobset.kb.io", "vjobset.kb.io", "mpod.kb.io", "vpod.kb.io"}},
+		{"leaderworkerset", []string{LWS}, func(_ *testing.T, ns string, _ map[string]*Operator) Workload {
+			return LeaderWorkerSet(ns, "lws", 2, 3, gpu) // 2 groups × (leader + 2 workers)
+		}, []string{"mleaderworkerset.kb.io", "vleaderworkerset.kb.io", "mpod.kb.io", "vpod.kb.io"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

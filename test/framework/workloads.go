@@ -110,8 +110,10 @@ func JobSetOf(ns, name string, parallelism []int, pod PodShape) Workload {
 // LeaderWorkerSet is an LWS of replicas groups of size pods (a leader and
 // size-1 workers), all from one template.
 func LeaderWorkerSet(ns, name string, replicas, size int, pod PodShape) Workload {
+	tmpl := pod.podTemplate("c")
+	tmpl["spec"].(map[string]any)["restartPolicy"] = "Always" // the only one a StatefulSet takes
 	spec := map[string]any{"replicas": int64(replicas), "leaderWorkerTemplate": map[string]any{
-		"size": int64(size), "workerTemplate": pod.podTemplate("c"),
+		"size": int64(size), "workerTemplate": tmpl,
 	}}
 	return Workload{
 		Object:      object("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", ns, name, spec),
