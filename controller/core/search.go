@@ -82,10 +82,15 @@ func (s *session) searchJob(j *jobState, cands []*podState, n int, a Action) boo
 	out := map[string]bool{}
 	var dfs func(i, placed int) bool
 	dfs = func(i, placed int) bool {
+		// Fewer places left than pods the subgroups lack: no set of n
+		// here holds (a full set with a subgroup short included).
+		if n-placed < lack {
+			return false
+		}
 		if placed == n {
 			return true
 		}
-		if len(pods)-i < n-placed || budget <= 0 || n-placed < lack {
+		if len(pods)-i < n-placed || budget <= 0 {
 			return false
 		}
 		budget--
@@ -93,8 +98,9 @@ func (s *session) searchJob(j *jobState, cands []*podState, n int, a Action) boo
 		if out[key(p)] {
 			return dfs(i+1, placed)
 		}
-		if s.gates(j, p.res, true) == "" {
-			took := p.sub != nil && need[p.sub.idx] > 0
+		took := p.sub != nil && need[p.sub.idx] > 0
+		// A pod no subgroup lacks takes a place only when one is spare.
+		if (took || n-placed-1 >= lack) && s.gates(j, p.res, true) == "" {
 			if took {
 				need[p.sub.idx]--
 				lack--

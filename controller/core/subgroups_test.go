@@ -143,3 +143,19 @@ func TestSubGroupsAboveMinMember(t *testing.T) {
 	assert.Equal(t, 0, countBinds(res, "g"))
 	assert.Contains(t, pendingReason(res, "g-0"), "gang g needs 4 pods (subgroups x 2, y 2); only 3 fit")
 }
+
+// The gang search never completes a set that leaves a subgroup below its
+// minimum: here the leader (subgroup s0) can never pass its queue's memory
+// limit, so the greedy set fails, and the search must not place three
+// workers alone (found by the property test, seed 1928: the search
+// returned at n pods before checking what the subgroups lacked).
+func TestSubGroupsSearchNeverPlacesWithoutASubgroup(t *testing.T) {
+	q := queue("q", "", -1, -1, 1)
+	q.Resources[ResMemory].Limit = 8 * gi
+	j := subJob("g", 1, []SubGroup{{Name: "s0", MinMember: 1}, {Name: "s1", MinMember: 2}}, 1, "s0", "s1", "s1", "s1")
+	j.Pods[0].Request = Request{CPU: 1000, Memory: 32 * gi}
+	snap := &Snapshot{Nodes: []Node{node("a", 8)}, Queues: []Queue{q}, Jobs: []Job{j}}
+	res := mustSchedule(t, snap, Config{})
+	assert.Equal(t, 0, countBinds(res, "g"), "no worker runs without its leader")
+	assert.Contains(t, pendingReason(res, "g-0"), "queue q would exceed its limit")
+}
