@@ -34,6 +34,9 @@ func TestOperators(t *testing.T) {
 		{"leaderworkerset", []string{LWS}, func(_ *testing.T, ns string, _ map[string]*Operator) Workload {
 			return LeaderWorkerSet(ns, "lws", 2, 3, gpu) // 2 groups × (leader + 2 workers)
 		}, []string{"mleaderworkerset.kb.io", "vleaderworkerset.kb.io", "mpod.kb.io", "vpod.kb.io"}},
+		{"raycluster", []string{KubeRay}, func(_ *testing.T, ns string, _ map[string]*Operator) Workload {
+			return RayCluster(ns, "ray", PodShape{}, 2, gpu) // head + 2 workers
+		}, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
