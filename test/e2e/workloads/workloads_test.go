@@ -154,3 +154,98 @@ func (e *env) reclaimWholeGang(w framework.Workload, gpus int) {
 	e.waitBound("reclaimer")
 	e.eventually("every pod of the gang evicted", 30*time.Second, func() (bool, string) { return e.gone(uids) })
 }
+
+// TestLeaderWorkerSet: an LWS is one gang per replica (leader + workers).
+// Two replicas of 2 one-GPU pods on 2 free GPUs (base and hold as in
+// TestGangs): one group binds whole, the other binds no pod and says why
+// (without gangs one pod of each could bind); deleting hold binds it whole
+// in one cycle; team-b's reclaim of 1 GPU evicts one whole group and leaves
+// the other running.
+func TestLeaderWorkerSet(t *testing.T) {
+	e := newEnv(t, framework.LWS)
+	w := framework.LeaderWorkerSet(e.ns, "vllm", 2, 2, framework.PodShape{GPUs: 1, Labels: inTeamA})
+	e.baseAndHold()
+	e.create(w)
+	var waiting string
+	e.eventually("one LWS group bound whole, the other waiting whole", 2*time.Minute, func() (bool, string) {
+		byGroup := e.lwsGroups(w)
+		var full, none []string
+		for g, pods := range byGroup {
+			switch n := bound(pods); {
+			case len(pods) == 2 && n == 2:
+				full = append(full, g)
+			case len(pods) == 2 && n == 0 && strings.Contains(pendingReason(&pods[0]), pods[0].Annotations[kube.AnnotationPodGroup]) &&
+				pods[0].Annotations[kube.AnnotationPodGroup] != "":
+				none = append(none, g)
+			case n > 0 && n < len(pods):
+				e.t.Fatalf("LWS group %s partly bound: %d of %d", g, n, len(pods))
+			}
+		}
+		if len(full) == 1 && len(none) == 1 {
+			waiting = none[0]
+			return true, ""
+		}
+		return false, fmt.Sprintf("groups bound whole %v, waiting whole %v, of %d", full, none, len(byGroup))
+	})
+	for end := time.Now().Add(holdFor); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if n := bound(e.lwsGroups(w)[waiting]); n > 0 {
+			e.t.Fatalf("%d pods of LWS group %s bound on 2 free GPUs", n, waiting)
+		}
+	}
+	p := e.lwsGroups(w)[waiting][0]
+	t.Logf("LWS group %s on 2 free GPUs: pod %s: %s", waiting, p.Name, pendingReason(&p))
+	e.freeHold(w)
+
+	uids := map[string]map[types.UID]string{}
+	for g, pods := range e.lwsGroups(w) {
+		uids[g] = map[types.UID]string{}
+		for _, p := range pods {
+			uids[g][p.UID] = p.Name
+		}
+	}
+	e.bareGPUPod("reclaimer", teamB, 1, true)
+	e.waitBound("reclaimer")
+	var evicted []string
+	e.eventually("one whole LWS group evicted", 30*time.Second, func() (bool, string) {
+		evicted = nil
+		for g, u := range uids {
+			if ok, _ := e.gone(u); ok {
+				evicted = append(evicted, g)
+			}
+		}
+		return len(evicted) == 1, fmt.Sprintf("groups wholly evicted: %v", evicted)
+	})
+	for g, u := range uids {
+		if g == evicted[0] {
+			continue
+		}
+		if ok, msg := e.intact(u); !ok {
+			t.Fatalf("LWS group %s lost pods to a reclaim that one group satisfied: %s", g, msg)
+		}
+	}
+}
+
+// lwsGroups is the LWS's live pods by group index.
+func (e *env) lwsGroups(w framework.Workload) map[string][]corev1.Pod {
+	out := map[string][]corev1.Pod{}
+	for _, p := range e.pods(w) {
+		g := p.Labels["leaderworkerset.sigs.k8s.io/group-index"]
+		out[g] = append(out[g], p)
+	}
+	return out
+}
+
+// intact says whether every pod of uids is still live.
+func (e *env) intact(uids map[types.UID]string) (bool, string) {
+	list, err := e.client.CoreV1().Pods(e.ns).List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		return false, err.Error()
+	}
+	live := 0
+	for _, p := range list.Items {
+		if _, ok := uids[p.UID]; ok && p.DeletionTimestamp == nil {
+			live++
+		}
+	}
+	return live == len(uids), fmt.Sprintf("%d of %d live", live, len(uids))
+}
