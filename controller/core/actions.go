@@ -167,7 +167,7 @@ func (s *session) staleGangs() {
 	}
 	cp := s.checkpoint()
 	for _, j := range s.jobs {
-		if !j.belowMin() || j.belowSince.IsZero() || s.now.Sub(j.belowSince) < s.cfg.StaleGangTimeout {
+		if j.disruption == DisruptionSingle || !j.belowMin() || j.belowSince.IsZero() || s.now.Sub(j.belowSince) < s.cfg.StaleGangTimeout {
 			continue
 		}
 		why := fmt.Sprintf("gang %s below its minMember of %d for %s", j.name, j.gangMin(), s.now.Sub(j.belowSince).Round(1e9))

@@ -47,17 +47,17 @@ type evictPolicy struct {
 	// rules checks a unit of victims against the action's rules (reclaim's
 	// fair-share and quota tests); nil allows all.
 	rules func(unit []*podState) bool
-	// wholeGang evicts a victim's whole gang when it would drop below
-	// minMember (not for moves: a moved pod is re-placed).
+	// wholeGang evicts a victim's whole gang when its job says so
+	// (jobState.evictsWhole; not for moves: a moved pod is re-placed).
 	wholeGang bool
 	reason    func(v *podState) string
 }
 
 // unitOf is what evicting v takes: v alone, or its whole gang when v's job
-// would otherwise drop below minMember.
+// would otherwise drop below minMember (or its disruption is all).
 func (s *session) unitOf(v *podState, pol *evictPolicy) []*podState {
 	j := v.job
-	if !pol.wholeGang || j.holdsWithout(v) {
+	if !pol.wholeGang || !j.evictsWhole(v) {
 		return []*podState{v}
 	}
 	var unit []*podState
@@ -102,7 +102,7 @@ func (s *session) tryNodeUnits(p *podState, n *nodeState, pol *evictPolicy, reco
 		if pol.rules != nil && !pol.rules(unit) {
 			continue
 		}
-		whole := pol.wholeGang && !v.job.holdsWithout(v)
+		whole := pol.wholeGang && v.job.evictsWhole(v)
 		for _, u := range unit {
 			maxRank = max(maxRank, u.rank)
 			count++

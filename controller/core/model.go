@@ -173,6 +173,9 @@ type Job struct {
 	// subgroup's minimum is not clamped to the pods that name it: one
 	// short of pods keeps the job's pending pods waiting, with the reason.
 	SubGroups []SubGroup
+	// Disruption says what evicting one of its placed pods takes; ""
+	// (DisruptionGang) is Tessera's rule.
+	Disruption Disruption
 	// CreatedAt orders jobs of equal priority (older first) and victims (newer
 	// first). A pod recreated after an eviction keeps its job's age.
 	CreatedAt time.Time
@@ -191,6 +194,22 @@ type SubGroup struct {
 	// all or nothing, with the rest of the gang.
 	MinMember int
 }
+
+// Disruption is how a job's placed pods may be evicted (Kubernetes'
+// PodGroup disruptionMode).
+type Disruption string
+
+const (
+	// DisruptionGang (the default): evicting a pod that would leave the
+	// gang below MinMember evicts the whole gang, and a gang below
+	// MinMember too long is stale-evicted.
+	DisruptionGang Disruption = ""
+	// DisruptionSingle: pods are evicted one by one, and a gang left below
+	// MinMember keeps running (no stale-gang eviction).
+	DisruptionSingle Disruption = "single"
+	// DisruptionAll: evicting any pod evicts the whole gang.
+	DisruptionAll Disruption = "all"
+)
 
 // Sharing is how a fractional pod shares a GPU.
 type Sharing string

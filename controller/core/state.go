@@ -157,12 +157,26 @@ type podRequest struct {
 // fewer pods than that are left.
 func (j *jobState) gangMin() int { return max(j.minMember, j.declaredMin) }
 
+// evictsWhole says whether evicting v, one of j's placed pods, evicts its
+// whole gang (Job.Disruption; by default when the gang would not hold
+// without v).
+func (j *jobState) evictsWhole(v *podState) bool {
+	switch j.disruption {
+	case DisruptionAll:
+		return true
+	case DisruptionSingle:
+		return false
+	}
+	return !j.holdsWithout(v)
+}
+
 type jobState struct {
 	name        string
 	queue       *queueState
 	priority    int32
 	preemptible bool
 	neverEvicts bool // Job.NeverEvicts
+	disruption  Disruption
 	minMember   int
 	// declaredMin is the job's MinMember as given, which minMember clamps
 	// to its pods: a running gang that lost pods (deleted, failed) below

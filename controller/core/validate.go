@@ -184,6 +184,8 @@ func (s *session) jobProblem(j *Job, twice bool) string {
 		return fmt.Sprintf("queue %s does not exist", j.Queue)
 	case len(q.children) > 0:
 		return fmt.Sprintf("queue %s is a parent queue; jobs belong in leaf queues", j.Queue)
+	case j.Disruption != DisruptionGang && j.Disruption != DisruptionSingle && j.Disruption != DisruptionAll:
+		return fmt.Sprintf("job %s: disruption %q is not %q, %q or %q", j.Name, j.Disruption, DisruptionGang, DisruptionSingle, DisruptionAll)
 	}
 	return subGroupsProblem(j)
 }
@@ -203,7 +205,7 @@ func (s *session) addJobs(snap *Snapshot) {
 			continue
 		}
 		q := s.queueByN[j.Queue]
-		js := &jobState{name: j.Name, queue: q, priority: j.Priority, preemptible: j.Preemptible, neverEvicts: j.NeverEvicts, minMember: j.MinMember, declaredMin: j.MinMember, created: j.CreatedAt, belowSince: j.BelowMinMemberSince, subs: newSubs(j)}
+		js := &jobState{name: j.Name, queue: q, priority: j.Priority, preemptible: j.Preemptible, neverEvicts: j.NeverEvicts, disruption: j.Disruption, minMember: j.MinMember, declaredMin: j.MinMember, created: j.CreatedAt, belowSince: j.BelowMinMemberSince, subs: newSubs(j)}
 		if js.minMember <= 0 || js.minMember > len(j.Pods) {
 			js.minMember = max(len(j.Pods), 1)
 		}

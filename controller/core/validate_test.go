@@ -52,6 +52,8 @@ func TestBadObjectFailsAlone(t *testing.T) {
 		{name: "job in a parent queue", queues: []Queue{NewQueue("org", ""), NewQueue("team", "org")},
 			jobs:    []Job{pending("bad", "org", Request{GPUs: 1})},
 			reasons: map[string]string{"bad": "queue org is a parent queue"}, problem: "job bad"},
+		{name: "unknown disruption", jobs: []Job{{Name: "bad", Queue: "q", Disruption: "some", Pods: []Pod{{Name: "bad", Request: Request{GPUs: 1}}}}},
+			reasons: map[string]string{"bad": `job bad: disruption "some" is not "", "single" or "all"`}, problem: "job bad"},
 		{name: "gang with one invalid pod", jobs: []Job{{Name: "g", Queue: "q", Pods: []Pod{
 			{Name: "g-0", Request: Request{GPUs: 1}}, {Name: "g-1", Request: Request{GPUs: 1, Memory: -1}}}}},
 			reasons: map[string]string{"g-1": "request: Memory -1 is negative", "g-0": "its job g cannot be scheduled: pod g-1: request: Memory -1 is negative"}, problem: "job g"},

@@ -63,7 +63,11 @@ type fileJob struct {
 	// PreemptionPolicy is an extension of SCENARIOS.md: Kubernetes'
 	// PreemptLowerPriority (default) or Never.
 	PreemptionPolicy string `json:"preemptionPolicy"`
-	MinMember        *int   `json:"minMember"`
+	// Disruption is an extension of SCENARIOS.md: Kubernetes' PodGroup
+	// disruptionMode, single or all (core.Job.Disruption); unset is
+	// Tessera's gang rule.
+	Disruption string `json:"disruption"`
+	MinMember  *int   `json:"minMember"`
 	// SubGroups: parts of the gang with minimums of their own
 	// (core.Job.SubGroups); pods name theirs in subGroup.
 	SubGroups []fileSubGroup `json:"subGroups"`

@@ -360,6 +360,12 @@ func normalizeJobs(in []fileJob, queues []Queue, nodes []Node) ([]Job, error) {
 		default:
 			return nil, ferr(p+".preemptionPolicy", "%q is not PreemptLowerPriority or Never", fj.PreemptionPolicy)
 		}
+		switch d := core.Disruption(fj.Disruption); d {
+		case core.DisruptionGang, core.DisruptionSingle, core.DisruptionAll:
+			j.Disruption = string(d)
+		default:
+			return nil, ferr(p+".disruption", "%q is not single or all", fj.Disruption)
+		}
 		if fj.CreatedAt != nil {
 			v, err := parseDecimal(fj.CreatedAt.raw)
 			if err != nil || !v.IsInt() || v.Sign() < 0 || !v.Num().IsInt64() {

@@ -221,7 +221,7 @@ func (r *runner) snapshot(now time.Time) *core.Snapshot {
 	for ji := range r.spec.Jobs {
 		j := &r.spec.Jobs[ji]
 		cj := core.Job{Name: j.Name, Queue: j.Queue, Priority: int32(j.Priority), Preemptible: j.Preemptible, NeverEvicts: j.NeverEvicts,
-			MinMember: j.MinMember, BelowMinMemberSince: r.since[j.Name], SubGroups: subGroups(j),
+			Disruption: core.Disruption(j.Disruption), MinMember: j.MinMember, BelowMinMemberSince: r.since[j.Name], SubGroups: subGroups(j),
 			// Jobs created in the same second are older in file order
 			// (SCENARIOS.md: createdAt, default file order): a nanosecond
 			// per position breaks the tie without moving any second.

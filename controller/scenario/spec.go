@@ -82,7 +82,8 @@ type Job struct {
 	Queue       string
 	Priority    int
 	Preemptible bool
-	NeverEvicts bool // preemptionPolicy: Never
+	NeverEvicts bool   // preemptionPolicy: Never
+	Disruption  string // core.Disruption: "", single or all
 	MinMember   int
 	// SubGroups are the gang's parts with minimums of their own, in file
 	// order; pods name theirs in Pod.SubGroup.

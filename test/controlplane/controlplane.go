@@ -71,6 +71,11 @@ type Options struct {
 	// ServiceAccount and kube-root-ca.crt of namespace "default" itself.
 	NoControllerManager bool
 
+	// Workloads serves Kubernetes 1.37's gang API; the zero value serves
+	// none of it, as a default 1.37 cluster does (GenericWorkload is beta
+	// but off by default, and beta APIs are not served unless asked for).
+	Workloads WorkloadAPI
+
 	// RuntimeConfig entries are appended to --runtime-config, e.g.
 	// "resource.k8s.io/v1alpha3=true".
 	RuntimeConfig []string
@@ -82,6 +87,53 @@ type Options struct {
 	// StartTimeout bounds the whole start (default 3 minutes: the machines
 	// running the tests are small and shared).
 	StartTimeout time.Duration
+}
+
+// WorkloadAPI selects the parts of Kubernetes 1.37's workload-aware
+// scheduling that the control plane serves. Any field set serves
+// scheduling.k8s.io/v1beta1 (Workload, PodGroup) with the GenericWorkload
+// gate on apiserver, KCM and scheduler; Options.FeatureGates still win.
+type WorkloadAPI struct {
+	// Serve serves scheduling.k8s.io/v1beta1 and pods' spec.schedulingGroup.
+	Serve bool
+	// Jobs also enables WorkloadWithJob (alpha): the Job controller creates
+	// a Workload and a PodGroup for a new Job and sets its pods'
+	// spec.schedulingGroup (a Job's spec.scheduling picks gang or basic).
+	Jobs bool
+	// PreemptionPolicy also enables PodGroupPreemptionPolicy (alpha):
+	// PodGroup.spec.preemptionPolicy is accepted.
+	PreemptionPolicy bool
+}
+
+// WorkloadRuntimeConfig is the --runtime-config entry that serves the
+// workload API (Workload and PodGroup of scheduling.k8s.io/v1beta1).
+const WorkloadRuntimeConfig = "scheduling.k8s.io/v1beta1=true"
+
+func (w WorkloadAPI) served() bool { return w.Serve || w.Jobs || w.PreemptionPolicy }
+
+// gates are the feature gates w needs.
+func (w WorkloadAPI) gates() map[string]bool {
+	g := map[string]bool{}
+	if w.served() {
+		g["GenericWorkload"] = true
+	}
+	if w.Jobs {
+		g["WorkloadWithJob"] = true
+	}
+	if w.PreemptionPolicy {
+		g["PodGroupPreemptionPolicy"] = true
+	}
+	return g
+}
+
+// runtimeConfig is every --runtime-config entry: the defaults, the workload
+// API's, then Options.RuntimeConfig (a later entry wins).
+func (cp *ControlPlane) runtimeConfig() string {
+	rc := slices.Clone(defaultRuntimeConfig)
+	if cp.opts.Workloads.served() {
+		rc = append(rc, WorkloadRuntimeConfig)
+	}
+	return strings.Join(append(rc, cp.opts.RuntimeConfig...), ",")
 }
 
 // ControlPlane is a running control plane. Its fields are read-only.
@@ -333,7 +385,7 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context, etcdPort, port int) 
 		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
 		"--proxy-client-cert-file=" + cp.path("front-proxy-client.crt"),
 		"--proxy-client-key-file=" + cp.path("front-proxy-client.key"),
-		"--runtime-config=" + strings.Join(append(slices.Clone(defaultRuntimeConfig), cp.opts.RuntimeConfig...), ","),
+		"--runtime-config=" + cp.runtimeConfig(),
 		"--feature-gates=" + cp.featureGates(),
 		"--profiling=false",
 		"--v=1",
@@ -564,6 +616,7 @@ func (cp *ControlPlane) waitFor(ctx context.Context, what string, procs []*proce
 
 func (cp *ControlPlane) featureGates() string {
 	gates := maps.Clone(DefaultFeatureGates)
+	maps.Copy(gates, cp.opts.Workloads.gates())
 	maps.Copy(gates, cp.opts.FeatureGates)
 	var parts []string
 	for _, name := range slices.Sorted(maps.Keys(gates)) {
