@@ -21,6 +21,8 @@ type commitStats struct {
 	bound, evicted  int
 	apiErrors       atomic.Int64
 	evictionsByWhat map[core.Action]int
+	// evictedOK holds the pods evicted (upstream PodGroups' DisruptionTarget).
+	evictedOK map[string]bool
 	// failed maps pods whose placement could not be committed to why.
 	failed map[string]string
 	// waiting maps pods whose placement waits for a GPU being released
@@ -48,6 +50,7 @@ func (s *Scheduler) commit(ctx context.Context, res *core.Result, idx *cycleInde
 	}
 	s.bindAdopted(ctx, st, idx)
 	evicted := s.commitEvictions(ctx, st, res.Evictions, idx, now)
+	st.evictedOK = evicted
 	waiting := s.nominatePipelined(res, idx, evicted, now)
 
 	// Binds: work out every allocation first, in decision order, so each

@@ -19,12 +19,12 @@ func holdIncompleteGangs(idx *cycleIndex, jobs map[string]*core.Job, jobOrder []
 	out := jobOrder[:0]
 	for _, name := range jobOrder {
 		j, ref := jobs[name], idx.jobs[name]
-		if ref == nil || ref.group == nil || j.MinMember <= len(j.Pods) {
+		if ref == nil || ref.groupName() == "" || j.MinMember <= len(j.Pods) {
 			out = append(out, name)
 			continue
 		}
-		why := fmt.Sprintf("PodGroup %s/%s needs %d pods together; only %d can be scheduled now (the others wait for their own reasons)",
-			ref.group.Namespace, ref.group.Name, j.MinMember, len(j.Pods))
+		why := fmt.Sprintf("%s needs %d pods together; only %d can be scheduled now (the others wait for their own reasons)",
+			ref.groupName(), j.MinMember, len(j.Pods))
 		kept := j.Pods[:0]
 		for _, p := range j.Pods {
 			if p.Phase == core.PodPending {

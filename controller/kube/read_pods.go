@@ -68,6 +68,10 @@ func (b *snapshotBuild) readPod(pod *v1.Pod) {
 			b.problem(key, pod, why)
 			return
 		}
+		if why := s.upstreamGroupMissing(pod, ours); why != "" {
+			b.problem(key, pod, why)
+			return
+		}
 	}
 	e := s.translatePod(pod)
 	nodeName := pod.Spec.NodeName
@@ -201,7 +205,9 @@ func (b *snapshotBuild) addToJob(pod *v1.Pod, ours bool, jobName string, job *co
 		b.jobs[jobName] = job
 		b.jobOrder = append(b.jobOrder, jobName)
 		ref := &jobRef{}
-		if name := pod.Annotations[AnnotationPodGroup]; name != "" && ours {
+		if name := upstreamGroupName(pod); name != "" && ours {
+			ref.upstream, _ = b.s.getUpstreamGroup(pod, name)
+		} else if name := pod.Annotations[AnnotationPodGroup]; name != "" && ours {
 			ref.group, _ = b.s.getPodGroup(pod.Namespace, name)
 		}
 		b.idx.jobs[jobName] = ref
@@ -321,7 +327,12 @@ func (s *Scheduler) jobFor(pod *v1.Pod, ours bool, leaf func(string) (bool, stri
 	job := &core.Job{Name: key, Queue: queue, Priority: prio, CreatedAt: pod.CreationTimestamp.Time,
 		// Admission copies the PriorityClass's preemptionPolicy to the pod.
 		NeverEvicts: pod.Spec.PreemptionPolicy != nil && *pod.Spec.PreemptionPolicy == v1.PreemptNever}
-	if name := pod.Annotations[AnnotationPodGroup]; name != "" {
+	// spec.schedulingGroup wins over the annotation (upstream.go).
+	if name := upstreamGroupName(pod); name != "" {
+		if why := s.upstreamJob(pod, name, job); why != "" {
+			return "", nil, why
+		}
+	} else if name := pod.Annotations[AnnotationPodGroup]; name != "" {
 		pg, err := s.getPodGroup(pod.Namespace, name)
 		switch {
 		case err != nil:

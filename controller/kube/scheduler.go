@@ -24,6 +24,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	schedulinglisters "k8s.io/client-go/listers/scheduling/v1"
+	upstreamlisters "k8s.io/client-go/listers/scheduling/v1beta1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
@@ -101,6 +102,9 @@ type Scheduler struct {
 	classLister    resourcelisters.DeviceClassLister
 	sliceLister    resourcelisters.ResourceSliceLister
 	priorityLister schedulinglisters.PriorityClassLister
+	// upstreamLister reads scheduling.k8s.io/v1beta1 PodGroups; nil when
+	// the API server did not serve them at Start (upstream.go).
+	upstreamLister upstreamlisters.PodGroupLister
 	// Volumes (volumes.go).
 	pvcLister          corelisters.PersistentVolumeClaimLister
 	pvLister           corelisters.PersistentVolumeLister
@@ -397,6 +401,9 @@ func (s *Scheduler) listQueues() (out []*schedv1.Queue, bad map[string]string) {
 
 // Start starts the informers and waits for their caches.
 func (s *Scheduler) Start(ctx context.Context) error {
+	if err := s.watchUpstreamGroups(); err != nil {
+		return err
+	}
 	s.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.client.CoreV1().Events("")})
 	s.factory.Start(ctx.Done())
 	s.dfactory.Start(ctx.Done())

@@ -6,6 +6,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/structured"
@@ -77,7 +78,20 @@ type podRef struct {
 
 type jobRef struct {
 	group *schedv1.PodGroup // nil for a pod without a PodGroup
-	pods  []string
+	// upstream is the job's scheduling.k8s.io PodGroup (upstream.go).
+	upstream *schedulingv1beta1.PodGroup
+	pods     []string
+}
+
+// groupName names the job's PodGroup of either API for people, "" for none.
+func (r *jobRef) groupName() string {
+	switch {
+	case r.upstream != nil:
+		return fmt.Sprintf("PodGroup %s/%s (scheduling.k8s.io)", r.upstream.Namespace, r.upstream.Name)
+	case r.group != nil:
+		return fmt.Sprintf("PodGroup %s/%s", r.group.Namespace, r.group.Name)
+	}
+	return ""
 }
 
 // allocatedState is what claims hold at the cycle's start, listed once per

@@ -83,6 +83,7 @@ func (s *Scheduler) report(ctx context.Context, res *core.Result, idx *cycleInde
 
 	s.reportQueues(ctx, res, idx)
 	s.reportPodGroups(ctx, res, idx, reasons)
+	s.reportUpstreamGroups(ctx, res, idx, reasons, st.evictedOK)
 }
 
 func (s *Scheduler) setUnschedulable(ctx context.Context, pod *v1.Pod, reason string) error {

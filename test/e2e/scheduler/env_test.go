@@ -49,10 +49,16 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvWith(t, controlplane.Options{})
+}
+
+// newEnvWith is newEnv on a control plane started with opts.
+func newEnvWith(t *testing.T, opts controlplane.Options) *env {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("needs a real control plane (etcd, kube-apiserver, kube-controller-manager, kwok); skipped with -short")
 	}
-	cp := controlplane.Start(t, controlplane.Options{})
+	cp := controlplane.Start(t, opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	e := &env{t: t, ctx: ctx, cp: cp, client: cp.Client(t)}
@@ -198,18 +204,20 @@ type gpuClaim struct {
 }
 
 type podSpec struct {
-	name         string
-	queue        string
-	priority     string // PriorityClass
-	group        string // PodGroup
-	claim        *gpuClaim
-	cpu          string
-	tolerate     string          // a NoSchedule taint key to tolerate
-	tolerateSoft string          // a PreferNoSchedule taint key to tolerate
-	nicClass     string          // a second claim, for one device of this (other driver's) class
-	limits       v1.ResourceList // e.g. an extended resource (requests default to limits)
-	pvc          string          // a PersistentVolumeClaim mounted as volume "data"
-	ports        []v1.ContainerPort
+	name     string
+	queue    string
+	priority string // PriorityClass
+	group    string // PodGroup
+	// upstreamGroup is a scheduling.k8s.io PodGroup (spec.schedulingGroup).
+	upstreamGroup string
+	claim         *gpuClaim
+	cpu           string
+	tolerate      string          // a NoSchedule taint key to tolerate
+	tolerateSoft  string          // a PreferNoSchedule taint key to tolerate
+	nicClass      string          // a second claim, for one device of this (other driver's) class
+	limits        v1.ResourceList // e.g. an extended resource (requests default to limits)
+	pvc           string          // a PersistentVolumeClaim mounted as volume "data"
+	ports         []v1.ContainerPort
 	// annotations and labels are added to the pod's.
 	annotations, labels map[string]string
 	affinity            *v1.Affinity
@@ -240,6 +248,9 @@ func (e *env) createPod(p podSpec) *v1.Pod {
 	}
 	if p.group != "" {
 		pod.Annotations[kube.AnnotationPodGroup] = p.group
+	}
+	if p.upstreamGroup != "" {
+		pod.Spec.SchedulingGroup = &v1.PodSchedulingGroup{PodGroupName: &p.upstreamGroup}
 	}
 	if p.cpu != "" {
 		pod.Spec.Containers[0].Resources.Requests = v1.ResourceList{v1.ResourceCPU: resource.MustParse(p.cpu)}
