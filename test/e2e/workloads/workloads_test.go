@@ -39,6 +39,10 @@ func TestGangs(t *testing.T) {
 		{"jobset", []string{framework.JobSet}, func(e *env) framework.Workload {
 			return framework.JobSetOf(e.ns, "js", []int{2, 2}, framework.PodShape{GPUs: 1, Labels: inTeamA}) // 2 replicated jobs × 2 pods × 1 GPU
 		}},
+		{"raycluster", []string{framework.KubeRay}, func(e *env) framework.Workload {
+			// The head asks for no GPU: without a gang it would bind alone.
+			return framework.RayCluster(e.ns, "ray", framework.PodShape{Labels: inTeamA}, 2, framework.PodShape{GPUs: 2, Labels: inTeamA})
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
