@@ -479,6 +479,7 @@ func (s *Scheduler) RunOnce(ctx context.Context) error {
 	if err := s.fence(ctx, stats, "writing statuses"); err != nil {
 		return err // a fenced replica writes nothing more, statuses neither
 	}
+	gangWords(snap, idx, res)
 	s.report(ctx, res, idx, stats)
 	if m != nil {
 		m.observeDurations(res, start, decided, time.Now())

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/internal/assignment"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
@@ -116,6 +117,16 @@ func TestAssignmentPolicy(t *testing.T) {
 		{"the controller changes a label", func() error { return patch(ctrl, "plain", metaPatch(map[string]any{"team": "b"}, nil)) }, ctrlDenied},
 		{"the controller changes another annotation with it", func() error {
 			return patch(ctrl, "plain", metaPatch(nil, map[string]any{assignment.Annotation: a1, "note": "theirs"}))
+		}, ctrlDenied},
+		// The pod grouper's annotations: added, never changed or removed.
+		{"the controller adds the pod grouper's group", func() error {
+			return patch(ctrl, "plain", metaPatch(nil, map[string]any{kube.AnnotationPodGroup: "job-a", "tessera.dev/pod-subgroup": "w-0"}))
+		}, ""},
+		{"the controller changes the group", func() error {
+			return patch(ctrl, "plain", metaPatch(nil, map[string]any{kube.AnnotationPodGroup: "job-b"}))
+		}, ctrlDenied},
+		{"the controller removes the group", func() error {
+			return patch(ctrl, "plain", metaPatch(nil, map[string]any{kube.AnnotationPodGroup: nil}))
 		}, ctrlDenied},
 	} {
 		err := tc.do()

@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/controller/kube"
@@ -62,6 +64,13 @@ func TestIndexedJobIsAGang(t *testing.T) {
 	if bound(pods) > 0 {
 		t.Fatalf("a pod of the gang bound with 6 GPUs free: %s", summary(pods))
 	}
+	// In people's words: the user wrote a Job, not a PodGroup.
+	const words = "job team-a/llama: 4 pods × 2 GPUs must start together; 6 GPUs are free"
+	for _, p := range pods {
+		if why := scheduledReason(&p); !strings.HasPrefix(why, words) {
+			t.Fatalf("pod %s waits with %q; want it to start with %q", p.Name, why, words)
+		}
+	}
 	t.Logf("pending reason: %s", scheduledReason(&pods[0]))
 
 	// Room appears: every pod binds, in one cycle (no pod binds alone
@@ -92,5 +101,60 @@ func TestIndexedJobIsAGang(t *testing.T) {
 	}
 	e.eventually("PodGroup job-llama collected", 60*time.Second, func() (bool, string) {
 		return e.podGroup("job-llama") == nil, "still there"
+	})
+}
+
+// TestReclaimEvictsTheGang: a grouped Job over its queue's quota is
+// reclaimed whole — every pod of the gang goes, none is left running below
+// its minimum. The gang's queue comes from the namespace's
+// tessera.dev/queue label (its pods carry none).
+func TestReclaimEvictsTheGang(t *testing.T) {
+	e := newEnv(t)
+	e.addGPUNode("gpu-1", "h100-sxm-8")
+	e.gpuTemplate("two-gpus", 2)
+	for name, quota := range map[string]string{"train": "0", "serve": "8"} {
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "Queue",
+			"metadata": map[string]any{"name": name},
+			"spec":     map[string]any{"resources": map[string]any{"gpu": map[string]any{"quota": quota}}},
+		}}
+		if _, err := e.dyn.Resource(kube.QueueGVR).Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	patch := []byte(`{"metadata":{"labels":{"` + kube.LabelQueue + `":"train"}}}`)
+	if _, err := e.client.CoreV1().Namespaces().Patch(e.ctx, e.ns, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.startController()
+	e.indexedJob("llama", 4, "two-gpus", nil)
+	var gang []v1.Pod
+	e.eventually("the gang of 4 bound (all 8 GPUs)", 60*time.Second, func() (bool, string) {
+		gang = e.jobPods("llama")
+		return len(gang) == 4 && bound(gang) == 4, summary(gang)
+	})
+	if q, _, _ := unstructured.NestedString(e.podGroup("job-llama").Object, "spec", "queue"); q != "train" {
+		t.Fatalf("PodGroup job-llama queue %q, want the namespace's train", q)
+	}
+
+	// A pod of queue serve (quota 8) needs 2 GPUs: train is over its quota.
+	tmpl := podTemplate("two-gpus", map[string]string{kube.LabelQueue: "serve"})
+	server := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "server", Namespace: e.ns, Labels: tmpl.Labels}, Spec: tmpl.Spec}
+	if _, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, server, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("server bound, the whole gang gone", 60*time.Second, func() (bool, string) {
+		s, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, "server", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		left := 0
+		for _, g := range gang {
+			cur, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, g.Name, metav1.GetOptions{})
+			if err == nil && cur.UID == g.UID && cur.DeletionTimestamp == nil {
+				left++
+			}
+		}
+		return s.Spec.NodeName != "" && left == 0, fmt.Sprintf("server on %q (%s); %d of the gang's pods still there", s.Spec.NodeName, scheduledReason(s), left)
 	})
 }
