@@ -13,7 +13,9 @@ import (
 // kept and the environment replaced. It needs no control-plane binaries.
 func TestChild(t *testing.T) {
 	cp := &ControlPlane{Dir: t.TempDir()}
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	// One deadline for every wait of the test: generous, because a loaded
+	// 2-core CI machine once took the whole 30 s it used to allow.
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	script := `echo "run $RUN"; trap 'exit 7' TERM; while :; do sleep 0.05; done`
 	c := cp.StartChild(t, ChildOptions{Name: "looper", Bin: "/bin/sh", Args: []string{"-c", script}, Env: []string{"RUN=one"}})
