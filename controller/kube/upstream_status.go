@@ -91,7 +91,9 @@ func (s *Scheduler) reportUpstreamGroups(ctx context.Context, res *core.Result, 
 			if p == nil {
 				continue
 			}
-			if p.pod.Spec.NodeName != "" {
+			// A pod evicted last cycle stays bound while it terminates: it
+			// does not make the group run again.
+			if p.pod.Spec.NodeName != "" && p.pod.DeletionTimestamp == nil {
 				bound++
 			}
 			if w, ok := evictedWhy[key]; ok {
