@@ -131,17 +131,7 @@ func (e *env) addGPUNode(name, profile string) {
 
 func (e *env) eventually(what string, timeout time.Duration, cond func() (bool, string)) {
 	e.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, msg := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, msg)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	framework.Eventually(e.t, what, timeout, cond)
 }
 
 // gpuTemplate creates a ResourceClaimTemplate of n whole GPUs.

@@ -179,19 +179,7 @@ func (e *env) addGPUNodeWith(name, profile string, extra v1.ResourceList, taints
 
 func (e *env) eventually(what string, timeout time.Duration, cond func() (bool, string)) {
 	e.t.Helper()
-	deadline := time.Now().Add(timeout)
-	last := ""
-	for {
-		ok, msg := cond()
-		if ok {
-			return
-		}
-		last = msg
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, last)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	framework.Eventually(e.t, what, timeout, cond)
 }
 
 // gpuClaim describes the ResourceClaimTemplate of a test pod.
