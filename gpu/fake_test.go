@@ -312,6 +312,24 @@ func TestHealthTwoStreams(t *testing.T) {
 	assert.Equal(t, 1, nextEvent(t, b).Index)
 }
 
+// TestHealthXIDRightAfterSubscribing: an XID raised the moment Health
+// returns is reported; the event set is registered before the call returns
+// (it once was not, and a test that wrote its fault at once lost it).
+func TestHealthXIDRightAfterSubscribing(t *testing.T) {
+	for range 20 {
+		f, err := NewFake("l4-2", "node-a", WithHealthProbeInterval(time.Hour))
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		ch := f.Health(ctx)
+		require.NoError(t, f.InjectXID(1, 48))
+		e := nextEvent(t, ch)
+		assert.Equal(t, 1, e.Index)
+		assert.False(t, e.Healthy)
+		cancel()
+		_ = f.Close()
+	}
+}
+
 func TestCustomProfile(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "mixed.yaml")

@@ -68,20 +68,31 @@ type gpuState struct {
 // (those need a GPU reset) and no critical XID for the recovery quiet period.
 func (n *NVMLInventory) Health(ctx context.Context) <-chan HealthEvent {
 	out := make(chan HealthEvent, 64)
+	// The event set is registered before Health returns: an XID raised
+	// right after the call is not lost to a goroutine not yet started.
+	states, set, ok := n.openHealth()
 	go func() {
 		defer close(out)
-		n.watchHealth(ctx, out)
+		if !ok {
+			return
+		}
+		if set != nil {
+			defer set.Free()
+		}
+		n.watchHealth(ctx, out, states, set)
 	}()
 	return out
 }
 
-func (n *NVMLInventory) watchHealth(ctx context.Context, out chan<- HealthEvent) {
+// openHealth finds the GPUs and registers an event set for their critical
+// XIDs; set is nil where NVML gives none (then the GPUs are only polled).
+func (n *NVMLInventory) openHealth() (states []*gpuState, set nvml.EventSet, ok bool) {
 	count, ret := n.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
 		klog.Errorf("Health: counting GPUs: %s", nvml.ErrorString(ret))
-		return
+		return nil, nil, false
 	}
-	states := make([]*gpuState, count)
+	states = make([]*gpuState, count)
 	for i := range states {
 		states[i] = &gpuState{healthy: true}
 		if h, ret := n.lib.DeviceGetHandleByIndex(i); ret == nvml.SUCCESS {
@@ -89,24 +100,24 @@ func (n *NVMLInventory) watchHealth(ctx context.Context, out chan<- HealthEvent)
 			states[i].uuid, _ = h.GetUUID()
 		}
 	}
-
-	var set nvml.EventSet
-	if s, ret := n.lib.EventSetCreate(); ret == nvml.SUCCESS {
-		set = s
-		defer s.Free()
-		for i := range states {
-			h, ret := n.lib.DeviceGetHandleByIndex(i)
-			if ret != nvml.SUCCESS {
-				continue
-			}
-			if ret := h.RegisterEvents(nvml.EventTypeXidCriticalError, set); ret != nvml.SUCCESS {
-				klog.Warningf("Health: GPU %d does not report XID events (%s); only polling it", i, nvml.ErrorString(ret))
-			}
-		}
-	} else {
+	s, ret := n.lib.EventSetCreate()
+	if ret != nvml.SUCCESS {
 		klog.Warningf("Health: no NVML event set (%s); only polling GPUs", nvml.ErrorString(ret))
+		return states, nil, true
 	}
+	for i := range states {
+		h, ret := n.lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		if ret := h.RegisterEvents(nvml.EventTypeXidCriticalError, s); ret != nvml.SUCCESS {
+			klog.Warningf("Health: GPU %d does not report XID events (%s); only polling it", i, nvml.ErrorString(ret))
+		}
+	}
+	return states, s, true
+}
 
+func (n *NVMLInventory) watchHealth(ctx context.Context, out chan<- HealthEvent, states []*gpuState, set nvml.EventSet) {
 	send := func(i int, healthy bool, reason string, xid uint64) bool {
 		st := states[i]
 		if st.healthy == healthy {
