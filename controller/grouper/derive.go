@@ -159,9 +159,9 @@ const (
 	labelJobSetJobIndex      = "jobset.sigs.k8s.io/job-index"
 )
 
-// maxSubGroups bounds the subgroups written on one PodGroup; a JobSet of
-// more Jobs than this is one gang without subgroups.
-const maxSubGroups = 256
+// maxSubGroups bounds the subgroups written on one PodGroup (the CRD's
+// MaxItems); a JobSet of more Jobs than this is one gang without subgroups.
+const maxSubGroups = 64
 
 // deriveJobSet: one gang of every replicated job's replicas × pods per Job
 // (its parallelism, or completions when fewer), a subgroup per Job

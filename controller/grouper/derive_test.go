@@ -256,3 +256,33 @@ func load(t testing.TB, manifest string) (map[string]any, kindInfo) {
 	}
 	return obj, info
 }
+
+// TestValidSubGroups: subgroups the CRD would refuse (a name that is no DNS
+// label, more than 64) are all dropped, and so is the pod's subgroup.
+func TestValidSubGroups(t *testing.T) {
+	many := make([]SubGroup, maxSubGroups+1)
+	for i := range many {
+		many[i] = SubGroup{Name: "w-" + strings.Repeat("x", i%5+1), MinMember: 1}
+	}
+	tests := []struct {
+		name     string
+		subs     []SubGroup
+		sub      string
+		wantSubs int
+		wantSub  string
+	}{
+		{"valid", []SubGroup{{"head", 1}, {"workers", 3}}, "workers", 2, "workers"},
+		{"pod names one not in the list", []SubGroup{{"head", 1}}, "gpu", 1, ""},
+		{"uppercase name", []SubGroup{{"head", 1}, {"GPU-Workers", 3}}, "head", 0, ""},
+		{"too long", []SubGroup{{strings.Repeat("a", 60) + "-1000", 1}}, "", 0, ""},
+		{"too many", many, "w-x", 0, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			subs, sub := validSubGroups(tc.subs, tc.sub)
+			if len(subs) != tc.wantSubs || sub != tc.wantSub {
+				t.Fatalf("got %d subgroups, %q; want %d, %q", len(subs), sub, tc.wantSubs, tc.wantSub)
+			}
+		})
+	}
+}

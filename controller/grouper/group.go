@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/klog/v2"
 
 	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
@@ -72,6 +73,7 @@ func (g *Grouper) plan(pod *v1.Pod, chain []link) (plan, error) {
 		// The user's number: one gang of that many, no parts.
 		d = decision{suffix: d.suffix, min: override}
 	}
+	d.subGroups, d.subGroup = validSubGroups(d.subGroups, d.subGroup)
 	p := plan{group: groupName(o.info.prefix, o.obj.GetName(), d.suffix), owner: o,
 		min: int32(max(d.min, 1)), subGroups: d.subGroups, subGroup: d.subGroup}
 	if d.alone {
@@ -84,6 +86,27 @@ func (g *Grouper) plan(pod *v1.Pod, chain []link) (plan, error) {
 	}
 	p.queue = g.queueOf(pod, top)
 	return p, nil
+}
+
+// validSubGroups keeps subgroups the PodGroup CRD accepts (at most
+// maxSubGroups, each name a DNS label): otherwise the gang has none, and
+// the pod no subgroup — all or nothing, so no subgroup a pod names is
+// missing from its group.
+func validSubGroups(subs []SubGroup, sub string) ([]SubGroup, string) {
+	if len(subs) > maxSubGroups {
+		return nil, ""
+	}
+	known := false
+	for _, g := range subs {
+		if len(validation.IsDNS1123Label(g.Name)) > 0 {
+			return nil, ""
+		}
+		known = known || g.Name == sub
+	}
+	if !known {
+		sub = ""
+	}
+	return subs, sub
 }
 
 // queueOf is a pod's queue: its label, else its top owner's, else its
@@ -131,18 +154,11 @@ func (g *Grouper) apply(ctx context.Context, pod *v1.Pod, p plan) error {
 		return nil
 	}
 	ann := map[string]any{kube.AnnotationPodGroup: p.group}
-	if p.subGroup != "" && writeSubGroups {
-		ann[annotationPodSubgroup] = p.subGroup
+	if p.subGroup != "" {
+		ann[kube.AnnotationPodSubGroup] = p.subGroup
 	}
 	return g.annotate(ctx, pod, ann)
 }
-
-// writeSubGroups turns on writing subgroups (spec.subGroups, the pod's
-// tessera.dev/pod-subgroup) once the core and CRD serve them.
-var writeSubGroups = false
-
-// annotationPodSubgroup names a pod's subgroup (the agreed name).
-const annotationPodSubgroup = "tessera.dev/pod-subgroup"
 
 // annotate merges annotations into the pod, with its UID as precondition
 // (one API write per pod).
@@ -165,7 +181,7 @@ func (g *Grouper) annotate(ctx context.Context, pod *v1.Pod, ann map[string]any)
 func (g *Grouper) ensureGroup(ctx context.Context, pod *v1.Pod, p plan) error {
 	client := g.opts.Dynamic.Resource(kube.PodGroupGVR).Namespace(pod.Namespace)
 	spec := map[string]any{"minMember": int64(p.min)}
-	if writeSubGroups && len(p.subGroups) > 0 {
+	if len(p.subGroups) > 0 {
 		var sgs []any
 		for _, s := range p.subGroups {
 			sgs = append(sgs, map[string]any{"name": s.Name, "minMember": int64(s.MinMember)})
