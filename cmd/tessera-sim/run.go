@@ -20,7 +20,7 @@ func init() {
 	})
 }
 
-const runHelp = `usage: tessera-sim run FILE... [--json] [--trace] [--timing] [--timeout 5m]
+const runHelp = `usage: tessera-sim run FILE... [--json] [--trace] [--timing] [--step] [--timeout 5m]
 
 Runs every scenario of every FILE (YAML documents split by ---) through the
 scheduling core and checks its expectations.
@@ -29,6 +29,8 @@ scheduling core and checks its expectations.
   --trace    also print every decision, cycle by cycle (to stderr with --json)
   --timing   record each cycle's wall time in durationMs (otherwise 0, so that
              the same input always gives byte-identical reports)
+  --step     run every cycle of a timed run (time:), also those after which
+             nothing can change, which are skipped otherwise; same report
   --timeout  stop when the whole run has taken this long (default 5m; 0: no
              limit), naming the scenario and cycle it reached
 
@@ -49,6 +51,7 @@ func runScenarios(args []string, stdout, stderr io.Writer) int {
 	jsonOut := fs.Bool("json", false, "")
 	trace := fs.Bool("trace", false, "")
 	timing := fs.Bool("timing", false, "")
+	step := fs.Bool("step", false, "")
 	timeout := fs.Duration("timeout", defaultTimeout, "")
 	// Flags may come before or after the files.
 	var files []string
@@ -91,7 +94,7 @@ func runScenarios(args []string, stdout, stderr io.Writer) int {
 	// The trace goes through a gate that a timeout closes: a scenario given
 	// up on keeps running until its next cycle and must not write then.
 	traceOut := &gate{w: out}
-	opts := scenario.Options{Timing: *timing}
+	opts := scenario.Options{Timing: *timing, Step: *step}
 	if *trace {
 		opts.Trace = traceOut
 		if *jsonOut {

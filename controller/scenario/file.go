@@ -14,13 +14,22 @@ import (
 // absence means "use the default", which differs from the zero value.
 
 type fileScenario struct {
-	Name   string      `json:"name"`
-	Cycles *int        `json:"cycles"`
+	Name   string `json:"name"`
+	Cycles *int   `json:"cycles"`
+	// Time makes the run timed (SCENARIOS.md, "Time"): cycle length, run
+	// length, and the fairness report's sampling.
+	Time   *fileTime   `json:"time"`
 	Config *fileConfig `json:"config"`
 	Nodes  []fileNode  `json:"nodes"`
 	Queues []fileQueue `json:"queues"`
 	Jobs   []fileJob   `json:"jobs"`
 	Expect *fileExpect `json:"expect"`
+}
+
+type fileTime struct {
+	Cycle    string `json:"cycle"`
+	Duration string `json:"duration"`
+	Sample   string `json:"sample"`
 }
 
 type fileConfig struct {
@@ -72,7 +81,18 @@ type fileJob struct {
 	// (core.Job.SubGroups); pods name theirs in subGroup.
 	SubGroups []fileSubGroup `json:"subGroups"`
 	CreatedAt *Quantity      `json:"createdAt"`
-	Pods      []filePod      `json:"pods"`
+	// ArriveAt, RunFor and Repeat need a timed run (time:): when the job
+	// appears, how long its gang runs before it finishes, and copies of it
+	// arriving at intervals.
+	ArriveAt string      `json:"arriveAt"`
+	RunFor   string      `json:"runFor"`
+	Repeat   *fileRepeat `json:"repeat"`
+	Pods     []filePod   `json:"pods"`
+}
+
+type fileRepeat struct {
+	Count *int   `json:"count"`
+	Every string `json:"every"`
 }
 
 type fileSubGroup struct {

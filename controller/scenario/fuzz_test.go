@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -57,8 +58,8 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		for _, s := range specs {
-			if s.Work() > MaxWork {
-				t.Fatalf("scenario %q accepted with work %d above %d", s.Name, s.Work(), int64(MaxWork))
+			if s.Work() > s.maxWork() {
+				t.Fatalf("scenario %q accepted with work %d above %d", s.Name, s.Work(), s.maxWork())
 			}
 			if s.Work() > fuzzWork {
 				continue
@@ -105,6 +106,30 @@ func FuzzQuantity(f *testing.F) {
 			if back, err := parseMilli(formatMilli(v), false); err != nil || back != v {
 				t.Fatalf("parseMilliRounded(%q) = %d, printed %q, read back %d, %v", s, v, formatMilli(v), back, err)
 			}
+		}
+	})
+}
+
+// FuzzParseSeconds: a duration is refused with a reason, or read as whole
+// seconds within range that read back the same from Go's own writing.
+func FuzzParseSeconds(f *testing.F) {
+	for _, s := range []string{"10s", "1h30m", "7d", "0s", "400d", "401d", "1.5s", "-1h", "", "d", "1e9h", "99999999999999999999d"} {
+		f.Add(s, false)
+	}
+	f.Fuzz(func(t *testing.T, raw string, zero bool) {
+		v, err := parseSeconds(raw, zero)
+		if err != nil {
+			if !strings.Contains(err.Error(), strconv.Quote(raw)) && !strings.Contains(err.Error(), raw) {
+				t.Fatalf("error %q does not name the input %q", err, raw)
+			}
+			return
+		}
+		if v < 0 || v > maxSeconds || v == 0 && !zero {
+			t.Fatalf("%q read as %d seconds, out of range", raw, v)
+		}
+		back, err := parseSeconds(timeDuration(v).String(), zero)
+		if err != nil || back != v {
+			t.Fatalf("%q read as %d; written back %q reads as %d, %v", raw, v, timeDuration(v), back, err)
 		}
 	})
 }

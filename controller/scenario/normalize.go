@@ -3,6 +3,7 @@ package scenario
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -52,6 +53,9 @@ func listElem(list string, name string, i int) string {
 // normalize applies the defaults and checks everything the file says.
 func normalize(fs *fileScenario) (*Spec, error) {
 	s := &Spec{Name: fs.Name, Cycles: defaultCycles, Consolidation: true, Placement: "binpack"}
+	if err := normalizeTime(fs.Time, fs.Cycles, s); err != nil {
+		return nil, err
+	}
 	if fs.Cycles != nil {
 		if *fs.Cycles < 1 || *fs.Cycles > maxCycles {
 			return nil, ferr("cycles", "%d is out of range (1 to %d)", *fs.Cycles, maxCycles)
@@ -78,19 +82,24 @@ func normalize(fs *fileScenario) (*Spec, error) {
 	if s.Queues, err = normalizeQueues(fs.Queues); err != nil {
 		return nil, err
 	}
-	if s.Jobs, err = normalizeJobs(fs.Jobs, s.Queues, s.Nodes); err != nil {
+	if s.Jobs, err = normalizeJobs(fs.Jobs, s.Queues, s.Nodes, s.Timed); err != nil {
 		return nil, err
 	}
+	arrivals(s)
 	pods := 0
 	for _, j := range s.Jobs {
 		pods += len(j.Pods)
 	}
-	if pods*s.Cycles > maxPodCycles {
-		return nil, ferr("cycles", "%d cycles of %d pods is too long a run (at most %d pod-cycles); use fewer cycles or pods", s.Cycles, pods, maxPodCycles)
+	field := "cycles"
+	if s.Timed {
+		field = "time.duration"
 	}
-	if w := s.Work(); w > MaxWork {
-		return nil, ferr("cycles", "%d cycles of %d pods on %d nodes is too much work: %d units (pod-cycles × (nodes + %d)), at most %d; use fewer cycles, pods or nodes",
-			s.Cycles, pods, len(s.Nodes), w, podOverhead, int64(MaxWork))
+	if pods*s.RunCycles() > maxPodCycles {
+		return nil, ferr(field, "%d cycles of %d pods is too long a run (at most %d pod-cycles); use fewer cycles or pods", s.RunCycles(), pods, maxPodCycles)
+	}
+	if w := s.Work(); w > s.maxWork() {
+		return nil, ferr(field, "%d cycles of %d pods on %d nodes is too much work: %d units (pod-cycles × (nodes + %d)), at most %d; use fewer cycles, pods or nodes",
+			s.RunCycles(), pods, len(s.Nodes), w, podOverhead, s.maxWork())
 	}
 	if err := assignRunning(s); err != nil {
 		return nil, err
@@ -307,7 +316,24 @@ func normalizeQueues(in []fileQueue) ([]Queue, error) {
 	return out, nil
 }
 
-func normalizeJobs(in []fileJob, queues []Queue, nodes []Node) ([]Job, error) {
+// arrivals dates a timed run's arriving jobs: the run starts when the
+// newest job present from the start was created, and a job arriving at a is
+// created a seconds after that.
+func arrivals(s *Spec) {
+	var base int64
+	for _, j := range s.Jobs {
+		if j.ArriveAt == 0 {
+			base = max(base, j.CreatedAt)
+		}
+	}
+	for i := range s.Jobs {
+		if j := &s.Jobs[i]; j.ArriveAt > 0 {
+			j.CreatedAt = base + j.ArriveAt
+		}
+	}
+}
+
+func normalizeJobs(in []fileJob, queues []Queue, nodes []Node, timed bool) ([]Job, error) {
 	qidx := map[string]*Queue{}
 	for i := range queues {
 		qidx[queues[i].Name] = &queues[i]
@@ -323,7 +349,22 @@ func normalizeJobs(in []fileJob, queues []Queue, nodes []Node) ([]Job, error) {
 	totalPods := 0
 	jobNames := map[string]bool{}
 	podNames := map[string]string{}
+	var expanded []fileJob
 	for i, fj := range in {
+		p := listElem("jobs", fj.Name, i)
+		if fj.Repeat != nil && !timed {
+			return nil, ferr(p+".repeat", "needs a timed run: give the scenario a time: block")
+		}
+		copies, err := repeatJob(fj, p)
+		if err != nil {
+			return nil, err
+		}
+		if len(expanded)+len(copies) > maxPods {
+			return nil, ferr(p+".repeat.count", "brings the jobs to %d; a scenario may have at most %d", len(expanded)+len(copies), maxPods)
+		}
+		expanded = append(expanded, copies...)
+	}
+	for i, fj := range expanded {
 		p := listElem("jobs", fj.Name, i)
 		if fj.Name == "" {
 			return nil, ferr(p+".name", "required")
@@ -376,6 +417,9 @@ func normalizeJobs(in []fileJob, queues []Queue, nodes []Node) ([]Job, error) {
 				return nil, ferr(p+".createdAt", "%s seconds is out of range (0 to %d)", fj.CreatedAt.raw, int64(maxCreatedAt))
 			}
 		}
+		if err := normalizeJobTime(&fj, p, timed, &j); err != nil {
+			return nil, err
+		}
 		if len(fj.Pods) == 0 {
 			return nil, ferr(p+".pods", "a job needs at least one pod")
 		}
@@ -411,6 +455,9 @@ func normalizeJobs(in []fileJob, queues []Queue, nodes []Node) ([]Job, error) {
 				}
 				j.Pods = append(j.Pods, pc)
 			}
+		}
+		if j.ArriveAt > 0 && slices.ContainsFunc(j.Pods, func(p Pod) bool { return p.Running != nil }) {
+			return nil, ferr(p+".arriveAt", "a job that arrives later has no running pods at the start")
 		}
 		j.MinMember = len(j.Pods)
 		if fj.MinMember != nil {
@@ -771,8 +818,12 @@ func normalizeExpect(fe *fileExpect, s *Spec) (Expect, error) {
 		x := fe.Pods[name]
 		switch x.State {
 		case "", "Running", "Bound", "Pending", "Nominated":
+		case StateArriving, StateSucceeded:
+			if !s.Timed {
+				return e, ferr("expect.pods."+name+".state", "%q is a state of timed runs only (time:)", x.State)
+			}
 		default:
-			return e, ferr("expect.pods."+name+".state", "%q is not one of Running, Bound, Nominated, Pending", x.State)
+			return e, ferr("expect.pods."+name+".state", "%q is not one of Running, Bound, Nominated, Pending, Arriving, Succeeded", x.State)
 		}
 		if x.Node != nil && *x.Node != "" && nodes[*x.Node] == nil {
 			return e, ferr("expect.pods."+name+".node", "node %s is not defined", *x.Node)

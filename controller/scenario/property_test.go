@@ -365,7 +365,7 @@ func runProperty(sc *pgScenario) ([]pViolation, string, map[string]int) {
 		nfail := len(r.failures)
 		// The time Run gives cycle c (run.go).
 		now := simEpoch.Add(time.Duration(newest+int64(c)) * time.Second)
-		if err := r.cycle(c, now); err != nil {
+		if _, err := r.cycle(c, now); err != nil {
 			ck.bad("engine", "%v", err)
 			break
 		}

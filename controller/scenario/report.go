@@ -21,6 +21,11 @@ type Report struct {
 	Pods     map[string]PodReport   `json:"pods"`
 	Queues   map[string]QueueReport `json:"queues"`
 	Cycles   []CycleReport          `json:"cycles"`
+	// Fairness is a timed run's (SCENARIOS.md, "Fairness"); nil otherwise.
+	Fairness *FairnessReport `json:"fairness,omitempty"`
+	// CyclesRun counts the cycles that ran (a timed run skips those where
+	// nothing can change); not in the JSON, which is the same either way.
+	CyclesRun int `json:"-"`
 	// File is where the scenario came from (not in the JSON).
 	File string `json:"-"`
 }
@@ -30,6 +35,8 @@ type JobReport struct {
 	Running int `json:"running"`
 	Pending int `json:"pending"`
 	Evicted int `json:"evicted"`
+	// Succeeded counts the pods of a timed run's job that finished.
+	Succeeded int `json:"succeeded,omitempty"`
 }
 
 // PodReport is where a pod is at the end of the run. Reason, for pending
@@ -54,6 +61,9 @@ type QueueReport struct {
 // CycleReport sums up one cycle. DurationMs is 0 unless timing was asked
 // for, so that reports are byte-identical across runs.
 type CycleReport struct {
+	// Cycle numbers the cycle in a timed run, which lists only the cycles
+	// that bound or evicted something.
+	Cycle      int     `json:"cycle,omitempty"`
 	DurationMs float64 `json:"durationMs"`
 	Bound      int     `json:"bound"`
 	Evicted    int     `json:"evicted"`
@@ -67,7 +77,10 @@ func milliNumber(v int64) json.Number {
 }
 
 func (r *runner) report() *Report {
-	rep := &Report{Name: r.spec.Name, File: r.spec.File, Failures: []string{}, Jobs: map[string]JobReport{}, Pods: map[string]PodReport{}, Queues: map[string]QueueReport{}, Cycles: r.cycles}
+	rep := &Report{Name: r.spec.Name, File: r.spec.File, Failures: []string{}, Jobs: map[string]JobReport{}, Pods: map[string]PodReport{}, Queues: map[string]QueueReport{}, Cycles: r.cycles, CyclesRun: r.cyclesRun}
+	if r.fair != nil {
+		rep.Fairness = r.fair.report()
+	}
 	if rep.Cycles == nil {
 		rep.Cycles = []CycleReport{}
 	}
@@ -78,10 +91,13 @@ func (r *runner) report() *Report {
 		switch p.state {
 		case StateRunning, StateBound:
 			jr.Running++
+		case StateSucceeded:
+			jr.Succeeded++
+		case StateArriving:
 		default:
 			jr.Pending++
 		}
-		if p.state != StatePending {
+		if p.state != StatePending && p.state != StateArriving && p.state != StateSucceeded {
 			pr.Node = p.place.Node
 			pr.GPUs = slices.Clone(p.place.GPUs)
 			slices.Sort(pr.GPUs)
@@ -229,7 +245,30 @@ func WriteTable(w io.Writer, reps []*Report) error {
 			fmt.Fprintf(w, "  - %s\n", f)
 		}
 	}
+	for _, rep := range reps {
+		if err := writeFairness(w, rep); err != nil {
+			return err
+		}
+	}
 	// The plain "word: N passed, N failed" line that CI logs are read for.
 	_, err := fmt.Fprintf(w, "scenarios: %d passed, %d failed\n", len(reps)-failed, failed)
 	return err
+}
+
+// writeFairness writes a timed run's fairness table (SCENARIOS.md,
+// "Fairness"): per leaf queue, GPU hours received and entitled and the
+// largest deficit; Jain's index at the end and its lowest.
+func writeFairness(w io.Writer, rep *Report) error {
+	f := rep.Fairness
+	if f == nil {
+		return nil
+	}
+	fmt.Fprintf(w, "\nfairness %s (%s h; Jain's index %s at the end, lowest %s):\n", rep.Name, f.Hours, f.Jain, f.JainMin)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "QUEUE\tGPU-HOURS\tENTITLED\tLARGEST DEFICIT\tAT HOUR\t")
+	for _, q := range sortedKeys(f.Queues) {
+		x := f.Queues[q]
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", q, x.GPUHoursReceived, x.GPUHoursEntitled, x.LargestDeficit, x.LargestDeficitAt)
+	}
+	return tw.Flush()
 }

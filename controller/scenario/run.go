@@ -20,6 +20,9 @@ const (
 	StateNominated = "Nominated"
 	StateBound     = "Bound"
 	StateRunning   = "Running"
+	// Timed runs: a job's pods before it arrives, and after it finished.
+	StateArriving  = "Arriving"
+	StateSucceeded = "Succeeded"
 )
 
 // Options change how a scenario runs.
@@ -32,6 +35,9 @@ type Options struct {
 	// OnCycle, when set, is called as each cycle starts, so a caller that
 	// gives up on a long run can say how far it got.
 	OnCycle func(cycle int)
+	// Step runs every cycle of a timed run, also those after which nothing
+	// can change (they are skipped otherwise); the report is the same.
+	Step bool
 }
 
 // CycleError is RunContext's error when its context ends: the scenario
@@ -74,6 +80,19 @@ type runner struct {
 	// gpuMemory is each node's GPU memory, for pods that need at least so
 	// much on every GPU (Pod.MinGPUMemory).
 	gpuMemory map[string]int64
+	// jobs is each job's life in a timed run, by index in spec.Jobs.
+	jobs []jobLife
+	// cyclesRun counts the cycles that ran (a timed run skips some).
+	cyclesRun int
+	fair      *fairness // timed runs only
+}
+
+// jobLife is where a job is in a timed run.
+type jobLife struct {
+	arrived, finished bool
+	// heldSince is when the job's gang last started holding (seconds from
+	// the run's start), -1 while it does not: it finishes RunFor after.
+	heldSince int64
 }
 
 // simEpoch is the sim's clock origin: createdAt seconds count from it, and
@@ -92,22 +111,117 @@ func RunContext(ctx context.Context, s *Spec, opts Options) (*Report, error) {
 	r := newRunner(s, opts)
 	var newest int64
 	for _, j := range s.Jobs {
-		newest = max(newest, j.CreatedAt)
+		if j.ArriveAt == 0 {
+			newest = max(newest, j.CreatedAt)
+		}
 	}
-	for c := 1; c <= s.Cycles; c++ {
+	for c := 1; c <= s.Cycles; {
 		if err := ctx.Err(); err != nil {
 			return nil, &CycleError{Scenario: s.Name, Cycle: c, Cycles: s.Cycles, Err: err}
 		}
 		if opts.OnCycle != nil {
 			opts.OnCycle(c)
 		}
-		now := simEpoch.Add(time.Duration(newest+int64(c)) * time.Second)
-		if err := r.cycle(c, now); err != nil {
+		// Untimed, cycle c runs c seconds after the newest job was
+		// created; timed, (c-1) cycles after the run's start, so the run
+		// covers [0, duration).
+		t := int64(c)
+		if s.Timed {
+			t = int64(c-1) * s.CycleSeconds
+			r.advance(t)
+		}
+		now := simEpoch.Add(time.Duration(newest+t) * time.Second)
+		quiet, err := r.cycle(c, now)
+		if err != nil {
 			r.failures = append(r.failures, fmt.Sprintf("cycle %d: %v", c, err))
 			break
 		}
+		next := c + 1
+		if s.Timed {
+			if quiet && !opts.Step {
+				next = r.nextCycle(c, t, now)
+			}
+			r.fair.account(r, t, min(int64(next-1)*s.CycleSeconds, s.Seconds()))
+		}
+		c = next
 	}
 	return r.report(), nil
+}
+
+// advance brings a timed run to time t (seconds from its start), before the
+// cycle at t: jobs whose time has come arrive (their pods pending) and jobs
+// that ran for RunFor finish (their pods leave).
+func (r *runner) advance(t int64) {
+	for ji := range r.spec.Jobs {
+		j, l := &r.spec.Jobs[ji], &r.jobs[ji]
+		if !l.arrived && j.ArriveAt <= t {
+			l.arrived = true
+			for pi := range j.Pods {
+				if p := r.byName[j.Pods[pi].Name]; p.state == StateArriving {
+					p.state = StatePending
+				}
+			}
+			r.tracef("%s: at %s: job %s arrives\n", r.spec.Name, hours(t), j.Name)
+		}
+		if l.arrived && !l.finished && j.RunFor > 0 && l.heldSince >= 0 && l.heldSince+j.RunFor <= t {
+			l.finished = true
+			delete(r.since, j.Name)
+			for pi := range j.Pods {
+				p := r.byName[j.Pods[pi].Name]
+				p.state, p.place, p.reason = StateSucceeded, core.Placement{}, ""
+			}
+			r.tracef("%s: at %s: job %s finished (ran %s)\n", r.spec.Name, hours(t), j.Name, hours(j.RunFor))
+		}
+	}
+}
+
+// held notes, after a timed run's cycle at t, when each job's gang started
+// holding (at least minMember pods, and each subgroup its minimum, bound or
+// running).
+func (r *runner) held(t int64) {
+	for ji := range r.spec.Jobs {
+		j, l := &r.spec.Jobs[ji], &r.jobs[ji]
+		n := 0
+		placed := func(p *Pod) bool {
+			st := r.byName[p.Name].state
+			return st == StateBound || st == StateRunning
+		}
+		for pi := range j.Pods {
+			if placed(&j.Pods[pi]) {
+				n++
+			}
+		}
+		switch {
+		case n == 0 || j.Below(placed):
+			l.heldSince = -1
+		case l.heldSince < 0:
+			l.heldSince = t
+		}
+	}
+}
+
+// nextCycle is the cycle a timed run goes on with after a quiet cycle c at t
+// (nothing bound, nothing evicted): the first at or after the next event
+// that can change anything — a job arriving or finishing, a gang's
+// stale-gang timeout — and at the latest the last cycle. Every cycle between
+// would see the same snapshot but for the clock, so it would decide nothing.
+func (r *runner) nextCycle(c int, t int64, now time.Time) int {
+	next := r.spec.Seconds()
+	for ji := range r.spec.Jobs {
+		j, l := &r.spec.Jobs[ji], &r.jobs[ji]
+		switch {
+		case !l.arrived:
+			next = min(next, j.ArriveAt)
+		case !l.finished && j.RunFor > 0 && l.heldSince >= 0:
+			next = min(next, l.heldSince+j.RunFor)
+		}
+		if since, ok := r.since[j.Name]; ok {
+			next = min(next, t+int64(since.Add(core.DefaultStaleGangTimeout).Sub(now)/time.Second))
+		}
+	}
+	next = max(next, t+1)
+	nc := int((next+r.spec.CycleSeconds-1)/r.spec.CycleSeconds) + 1
+	return max(c+1, min(nc, r.spec.Cycles))
 }
 
 func newRunner(s *Spec, opts Options) *runner {
@@ -131,11 +245,19 @@ func newRunner(s *Spec, opts Options) *runner {
 		}
 		r.queues = append(r.queues, cq)
 	}
+	r.jobs = make([]jobLife, len(s.Jobs))
+	if s.Timed {
+		r.fair = newFairness(s)
+	}
 	for ji := range s.Jobs {
 		j := &s.Jobs[ji]
+		r.jobs[ji] = jobLife{arrived: j.ArriveAt == 0, heldSince: -1}
 		for pi := range j.Pods {
 			p := &j.Pods[pi]
 			sp := &simPod{job: j, spec: p, state: StatePending}
+			if !r.jobs[ji].arrived {
+				sp.state = StateArriving
+			}
 			if p.Running != nil {
 				sp.state = StateRunning
 				sp.place = r.fillPlacement(p, core.Placement{Node: p.Running.Node, GPUs: slices.Clone(p.Running.GPUs)})
@@ -220,6 +342,9 @@ func (r *runner) snapshot(now time.Time) *core.Snapshot {
 	s := &core.Snapshot{Now: now, Nodes: r.nodes, Queues: r.queues}
 	for ji := range r.spec.Jobs {
 		j := &r.spec.Jobs[ji]
+		if l := r.jobs[ji]; !l.arrived || l.finished {
+			continue
+		}
 		cj := core.Job{Name: j.Name, Queue: j.Queue, Priority: int32(j.Priority), Preemptible: j.Preemptible, NeverEvicts: j.NeverEvicts,
 			Disruption: core.Disruption(j.Disruption), MinMember: j.MinMember, BelowMinMemberSince: r.since[j.Name], SubGroups: subGroups(j),
 			// Jobs created in the same second are older in file order
@@ -268,8 +393,9 @@ func clonePlacement(p core.Placement) core.Placement {
 }
 
 // cycle runs one scheduling cycle and applies its decisions as SCENARIOS.md's
-// "Rules of a run" say.
-func (r *runner) cycle(c int, now time.Time) error {
+// "Rules of a run" say. quiet is true when it bound and evicted nothing.
+func (r *runner) cycle(c int, now time.Time) (quiet bool, err error) {
+	r.cyclesRun++
 	r.tracef("%s: cycle %d\n", r.spec.Name, c)
 	bound := 0
 	// Last cycle's binds now run; pods nominated onto capacity that last
@@ -289,6 +415,9 @@ func (r *runner) cycle(c int, now time.Time) error {
 	// (or fewer than a subgroup's minimum).
 	for ji := range r.spec.Jobs {
 		j := &r.spec.Jobs[ji]
+		if l := r.jobs[ji]; !l.arrived || l.finished {
+			continue
+		}
 		if j.Below(func(p *Pod) bool { st := r.byName[p.Name].state; return st == StateBound || st == StateRunning }) {
 			if r.since[j.Name].IsZero() {
 				r.since[j.Name] = now
@@ -303,14 +432,14 @@ func (r *runner) cycle(c int, now time.Time) error {
 	res, err := core.Schedule(snap, r.cfg)
 	elapsed := time.Since(start)
 	if err != nil {
-		return fmt.Errorf("core: %w", err)
+		return false, fmt.Errorf("core: %w", err)
 	}
 	if res == nil {
-		return fmt.Errorf("core returned no result")
+		return false, fmt.Errorf("core returned no result")
 	}
 	if len(res.Problems) > 0 {
 		// The loader refuses what the core would; a problem here is a bug.
-		return fmt.Errorf("core: the snapshot has problems: %s: %s", res.Problems[0].Object, res.Problems[0].Reason)
+		return false, fmt.Errorf("core: the snapshot has problems: %s: %s", res.Problems[0].Object, res.Problems[0].Reason)
 	}
 	r.last = res
 
@@ -408,8 +537,18 @@ func (r *runner) cycle(c int, now time.Time) error {
 	if r.opts.Timing {
 		cr.DurationMs = float64(elapsed.Microseconds()) / 1000
 	}
+	quiet = bound == 0 && len(res.Evictions) == 0 && len(res.Binds) == 0
+	if r.spec.Timed {
+		r.held(int64(c-1) * r.spec.CycleSeconds)
+		if quiet {
+			// A timed run lists the cycles that did something, so that a
+			// run that skips the others reports the same.
+			return true, nil
+		}
+		cr.Cycle = c
+	}
 	r.cycles = append(r.cycles, cr)
-	return nil
+	return quiet, nil
 }
 
 func (r *runner) fillPlacementFrom(p *Pod, pl core.Placement) core.Placement {

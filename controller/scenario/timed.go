@@ -1,0 +1,169 @@
+package scenario
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Limits of a timed run (SCENARIOS.md, "Time").
+const (
+	// maxSeconds bounds every duration a file gives: a bit over a year.
+	maxSeconds = 400 * 24 * 3600
+	// maxTimedCycles bounds a timed run's cycles: a week of 10 s cycles is
+	// 60,480; most of them are skipped.
+	maxTimedCycles = 1_000_000
+	// maxRepeat bounds the copies one job entry makes.
+	maxRepeat = 10000
+	// defaultSample is the fairness report's sampling when time.sample is
+	// not given: hourly, or the run's length when it is shorter.
+	defaultSample = 3600
+)
+
+// parseSeconds reads a duration as Go writes it ("90s", "1h30m") or a whole
+// number of days ("7d"), which must be a whole number of seconds from 1 to
+// maxSeconds (0 too when zero is true).
+func parseSeconds(raw string, zero bool) (int64, error) {
+	var d time.Duration
+	if n, ok := strings.CutSuffix(raw, "d"); ok && n != "" && strings.Trim(n, "0123456789") == "" {
+		days, err := strconv.ParseInt(n, 10, 64)
+		if err != nil || days > maxSeconds/86400 {
+			return 0, fmt.Errorf("%q is out of range (at most %d days)", raw, maxSeconds/86400)
+		}
+		d = time.Duration(days) * 24 * time.Hour
+	} else {
+		var err error
+		if d, err = time.ParseDuration(raw); err != nil {
+			return 0, fmt.Errorf("%q is not a duration (like 90s, 1h30m or 7d)", raw)
+		}
+	}
+	switch {
+	case d%time.Second != 0:
+		return 0, fmt.Errorf("%q is not a whole number of seconds", raw)
+	case d < 0 || d == 0 && !zero:
+		return 0, fmt.Errorf("%q must be above 0", raw)
+	case d > maxSeconds*time.Second:
+		return 0, fmt.Errorf("%q is out of range (at most %d days)", raw, maxSeconds/86400)
+	}
+	return int64(d / time.Second), nil
+}
+
+// normalizeTime reads the time: block into s (a timed run) and checks it
+// against cycles:, which it replaces.
+func normalizeTime(ft *fileTime, cycles *int, s *Spec) error {
+	s.CycleSeconds = 1
+	if ft == nil {
+		return nil
+	}
+	if cycles != nil {
+		return ferr("cycles", "a timed run (time:) is as long as time.duration says; leave cycles out")
+	}
+	s.Timed = true
+	var err error
+	if ft.Cycle != "" {
+		if s.CycleSeconds, err = parseSeconds(ft.Cycle, false); err != nil {
+			return ferr("time.cycle", "%v", err)
+		}
+	}
+	if ft.Duration == "" {
+		return ferr("time.duration", "required in a timed run")
+	}
+	total, err := parseSeconds(ft.Duration, false)
+	if err != nil {
+		return ferr("time.duration", "%v", err)
+	}
+	if total%s.CycleSeconds != 0 {
+		return ferr("time.duration", "%s is not a whole number of %s cycles", ft.Duration, time.Duration(s.CycleSeconds)*time.Second)
+	}
+	if n := total / s.CycleSeconds; n > maxTimedCycles {
+		return ferr("time.duration", "%s of %s cycles is %d cycles, at most %d; use longer cycles", ft.Duration, time.Duration(s.CycleSeconds)*time.Second, n, maxTimedCycles)
+	}
+	s.Cycles = int(total / s.CycleSeconds)
+	s.SampleSeconds = min(int64(defaultSample), total)
+	if ft.Sample != "" {
+		if s.SampleSeconds, err = parseSeconds(ft.Sample, false); err != nil {
+			return ferr("time.sample", "%v", err)
+		}
+		if s.SampleSeconds > total {
+			return ferr("time.sample", "%s is longer than the run (%s)", ft.Sample, ft.Duration)
+		}
+	}
+	return nil
+}
+
+// normalizeJobTime reads a job's arriveAt and runFor, which only a timed run
+// may give.
+func normalizeJobTime(fj *fileJob, p string, timed bool, j *Job) error {
+	for _, f := range []struct{ name, raw string }{{"arriveAt", fj.ArriveAt}, {"runFor", fj.RunFor}} {
+		if f.raw != "" && !timed {
+			return ferr(p+"."+f.name, "needs a timed run: give the scenario a time: block")
+		}
+	}
+	if fj.Repeat != nil && !timed {
+		return ferr(p+".repeat", "needs a timed run: give the scenario a time: block")
+	}
+	var err error
+	if fj.ArriveAt != "" {
+		if fj.CreatedAt != nil {
+			return ferr(p+".arriveAt", "a job that arrives is created then; leave createdAt out")
+		}
+		if j.ArriveAt, err = parseSeconds(fj.ArriveAt, true); err != nil {
+			return ferr(p+".arriveAt", "%v", err)
+		}
+	}
+	if fj.RunFor != "" {
+		if j.RunFor, err = parseSeconds(fj.RunFor, false); err != nil {
+			return ferr(p+".runFor", "%v", err)
+		}
+	}
+	return nil
+}
+
+// repeatJob expands a job's repeat: into its copies, NAME-0, NAME-1, …,
+// copy k arriving k × every after the job's arriveAt, pods named after the
+// copy (NAME-k-0, …). Without repeat it is the job itself.
+func repeatJob(fj fileJob, p string) ([]fileJob, error) {
+	if fj.Repeat == nil {
+		return []fileJob{fj}, nil
+	}
+	rp := fj.Repeat
+	if rp.Count == nil || *rp.Count < 1 || *rp.Count > maxRepeat {
+		c := "not set"
+		if rp.Count != nil {
+			c = strconv.Itoa(*rp.Count)
+		}
+		return nil, ferr(p+".repeat.count", "%s; want 1 to %d", c, maxRepeat)
+	}
+	every, err := parseSeconds(rp.Every, false)
+	if err != nil {
+		if rp.Every == "" {
+			return nil, ferr(p+".repeat.every", "required")
+		}
+		return nil, ferr(p+".repeat.every", "%v", err)
+	}
+	var start int64
+	if fj.ArriveAt != "" {
+		if start, err = parseSeconds(fj.ArriveAt, true); err != nil {
+			return nil, ferr(p+".arriveAt", "%v", err)
+		}
+	}
+	if fj.CreatedAt != nil {
+		return nil, ferr(p+".repeat", "copies arrive over time; leave createdAt out")
+	}
+	last := start + int64(*rp.Count-1)*every
+	if last > maxSeconds {
+		return nil, ferr(p+".repeat", "the last copy would arrive after %d days", maxSeconds/86400)
+	}
+	out := make([]fileJob, *rp.Count)
+	for k := range out {
+		c := fj
+		c.Repeat = nil
+		c.Name = fmt.Sprintf("%s-%d", fj.Name, k)
+		c.ArriveAt = (time.Duration(start+int64(k)*every) * time.Second).String()
+		out[k] = c
+	}
+	return out, nil
+}
+
+func timeDuration(s int64) time.Duration { return time.Duration(s) * time.Second }
