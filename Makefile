@@ -7,13 +7,32 @@ COMMANDS := $(notdir $(wildcard cmd/*))
 # Go test timeout: the integration packages start a real control plane.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: real-gpu all build test unit lint controlplane operators scenarios clean generate scale soak demo helm chart-sync chart-check fuzz
+VERSION ?= $(shell cat VERSION)
+# Release platforms of `make images`; PLATFORMS=linux/amd64 builds one.
+PLATFORMS ?= linux/amd64,linux/arm64
+
+.PHONY: images push-images real-gpu all build test unit lint controlplane operators scenarios clean generate scale soak demo helm chart-sync chart-check fuzz
 
 all: build
 
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(COMMANDS))
+	$(GO) build -ldflags "-X github.com/tessera-gpu/tessera/internal/version.Version=$(VERSION)" -o $(BIN)/ $(addprefix ./cmd/,$(COMMANDS))
+
+# OCI images of tessera-node and tessera-controller for PLATFORMS (one index
+# each) and the kubectl plugin's binaries, tagged VERSION, without Docker or a
+# registry (internal/images/README.md): written to _cache/images/VERSION as
+# OCI layouts and archives (`ctr -n k8s.io images import --all-platforms`).
+# Installs Debian's cross compiler for cgo when an arm64 image is asked for.
+images:
+	hack/images/cross-compiler.sh $(PLATFORMS)
+	$(GO) run ./hack/images build --version $(VERSION) --platforms $(PLATFORMS)
+
+# Pushes what `make images` built: make push-images REGISTRY=registry.example.com/gpu
+# (credentials from ~/.docker/config.json, e.g. written by `crane auth login`).
+push-images:
+	@test -n "$(REGISTRY)" || { echo "REGISTRY=host[/path] is required"; exit 1; }
+	$(GO) run ./hack/images push --registry $(REGISTRY) --dir $(TESSERA_CACHE)/images/$(VERSION)
 
 # The test cluster's binaries, built from Go modules once and cached by version.
 controlplane:
