@@ -1,6 +1,7 @@
 // Package openb loads the Alibaba "openb" GPU trace (cluster-trace-gpu-v2023,
 // published with the FGD paper, USENIX ATC'23) and replays it on the
-// paper's protocol, as ../../docs/SCENARIOS.md of the shared docs spells it.
+// paper's protocol, as docs/SCENARIOS.md spells it. The trace itself is in
+// controller/testdata/openb (README.md there: source and attribution).
 package openb
 
 import (

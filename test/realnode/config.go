@@ -17,7 +17,7 @@ type paths struct {
 }
 
 // containerdConfig is containerd 2.x's config (version 3). Each setting
-// below was needed on these machines; see REAL-NODE.md.
+// below was needed on these machines; see docs/REAL-NODE.md.
 func containerdConfig(p paths) string {
 	return fmt.Sprintf(`version = 3
 root = %[1]q
@@ -81,7 +81,7 @@ func cniConfig(p paths) string {
 }
 
 // kubeletConfig is the KubeletConfiguration. Each non-default setting is
-// needed here; see REAL-NODE.md.
+// needed here; see docs/REAL-NODE.md.
 func kubeletConfig(p paths, nodeIP, clientCA string, gates map[string]bool) string {
 	var fg strings.Builder
 	if len(gates) > 0 {
