@@ -11,7 +11,7 @@ VERSION ?= $(shell cat VERSION)
 # Release platforms of `make images`; PLATFORMS=linux/amd64 builds one.
 PLATFORMS ?= linux/amd64,linux/arm64
 
-.PHONY: images push-images real-gpu all build test unit lint controlplane operators scenarios clean generate scale soak demo helm chart-sync chart-check fuzz
+.PHONY: images push-images real-gpu all build test unit lint controlplane operators scenarios clean generate scale soak demo demo-down helm chart-sync chart-check fuzz
 
 all: build
 
@@ -115,6 +115,16 @@ chart-check:
 	TESSERA_HELM=$$(hack/tools/helm/build.sh) $(GO) test -count=1 -short ./chart/
 
 # The local demo: a real control plane, kwok nodes with tessera-node in
-# fake-GPU mode, tessera-controller scheduling demo/examples (see demo/README.md).
+# fake-GPU mode, tessera-controller scheduling demo/examples, Kubeflow's
+# training-operator for act 5 (see demo/README.md). Builds only the binaries
+# it runs, each cached by version. KEEP=1 leaves the cluster running after
+# the story (kubectl, built from its module, and the plugin print how) until
+# `make demo-down`.
+DEMO_FLAGS := $(if $(filter 1 yes true,$(KEEP)),--keep)
 demo: build controlplane
-	TESSERA_BIN_DIR=$$(hack/build-controlplane.sh) $(GO) run ./demo/local --tessera-bin $(BIN)
+	TESSERA_BIN_DIR=$$(hack/build-controlplane.sh) TESSERA_OPERATORS_DIR=$$(hack/build-operators.sh training-operator) \
+		$(GO) run ./demo/local --tessera-bin $(BIN) $(DEMO_FLAGS)
+
+# Stops a demo kept with KEEP=1: every process it recorded, and its folders.
+demo-down:
+	$(GO) run ./demo/local --down

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the binaries of the test cluster from Go modules, once, into a cache
 # keyed by version: etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubelet and kwok, and for the real node containerd,
-# containerd-shim-runc-v2 and ctr. Prints the directory holding them.
+# kube-scheduler, kubelet and kwok, for the real node containerd,
+# containerd-shim-runc-v2 and ctr, and on request kubectl (the kept demo's,
+# `make demo KEEP=1`). Prints the directory holding them.
 #
 # Usage: hack/build-controlplane.sh [binary...]   (default: all)
 # Env:   TESSERA_CACHE (default: <repo>/_cache)
@@ -55,7 +56,7 @@ want=("$@")
 for b in "${want[@]}"; do
 	case $b in
 	etcd) build etcd etcd go.etcd.io/etcd/server/v3 "-s -w" ;;
-	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet)
+	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kubectl)
 		build "$b" kube "k8s.io/kubernetes/cmd/$b" "$kv" ;;
 	kwok) build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kwok_version" ;;
 	containerd | containerd-shim-runc-v2 | ctr) build_containerd "$b" ;;

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -52,6 +53,15 @@ type Options struct {
 	// TesseraBin holds tessera-node and tessera-controller; empty: go build
 	// them into a temporary folder.
 	TesseraBin string
+	// OperatorsDir links to the workload controllers
+	// (hack/build-operators.sh); empty: $TESSERA_OPERATORS_DIR, else the
+	// script builds training-operator, the only one the demo runs.
+	OperatorsDir string
+	// Keep leaves the cluster running after the story until ctx ends,
+	// recording what runs in StateDir (keep.go); NoStory skips the acts
+	// but the teams' queues.
+	Keep, NoStory bool
+	StateDir      string
 	// Nodes are the fake GPU nodes: name → fake GPU profile.
 	Nodes []Node
 	// Out receives the story; Log the progress lines (both may be the same).
@@ -83,6 +93,10 @@ type Result struct {
 	// and JobBound the same pods once room appeared.
 	JobWaiting, JobBound map[string]Placement
 	JobWhy               string
+	// PyTorchWaiting, PyTorchWhy and PyTorchBound are the same for act 5's
+	// PyTorchJob; PyTorchGroup is the group its pods were given.
+	PyTorchWaiting, PyTorchBound map[string]Placement
+	PyTorchWhy, PyTorchGroup     string
 }
 
 // Placement is where a pod landed, or why it waits.
@@ -91,6 +105,7 @@ type Placement struct {
 	Devices []string // "pool/device" (+ " 20Gi" for a fraction)
 	Pending string   // PodScheduled=False message when not bound
 	Queue   string
+	BoundAt time.Time // PodScheduled=True's transition (1 s resolution)
 }
 
 type demo struct {
@@ -103,6 +118,14 @@ type demo struct {
 	work   string // temp dir: tessera-node dirs, child logs
 	procs  []*childproc.Process
 	metric string // controller metrics address
+	// tb stands in for a test's testing.TB when the demo calls the test
+	// harness; its cleanups run at teardown.
+	tb       *programTB
+	operator *framework.Operator
+	// opDone delivers startOperator's result; opErr keeps it.
+	opDone  chan error
+	opErr   error
+	kubectl string // a kept demo's kubectl
 }
 
 // Run runs the whole demo and tears everything down before it returns.
@@ -113,16 +136,23 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	if opts.Log == nil {
 		opts.Log = opts.Out
 	}
+	// The training-operator starts in the background while the first acts
+	// run, and logs as it goes: one lock for both writers.
+	var mu sync.Mutex
+	opts.Out, opts.Log = &lockedWriter{mu: &mu, w: opts.Out}, &lockedWriter{mu: &mu, w: opts.Log}
 	if len(opts.Nodes) == 0 {
 		opts.Nodes = DefaultNodes
 	}
-	d := &demo{opts: opts, start: time.Now()}
+	d := &demo{opts: opts, start: time.Now(), tb: &programTB{}}
 	// Short path: unix sockets are limited to 108 bytes.
 	d.work, err = os.MkdirTemp("", "tdemo")
 	if err != nil {
 		return nil, err
 	}
 	defer func() {
+		if werr := d.waitOperator(); werr != nil && err == nil {
+			err = werr
+		}
 		d.teardown(err != nil)
 		if err != nil {
 			d.logf("failed: %v", err)
@@ -149,6 +179,11 @@ func (d *demo) run(ctx context.Context) (*Result, error) {
 			return nil, err
 		}
 	}
+	if d.opts.Keep {
+		if err := d.findKubectl(binDir); err != nil {
+			return nil, err
+		}
+	}
 	d.logf("starting the control plane: etcd, kube-apiserver, kube-controller-manager (binaries in %s)", binDir)
 	cp, err := controlplane.New(controlplane.Options{BinDir: binDir}, func(string, ...any) {})
 	if err != nil {
@@ -172,26 +207,45 @@ func (d *demo) run(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 
+	d.startOperatorAsync()
 	res := &Result{}
+	if d.opts.NoStory {
+		if err := d.apply(ctx, func(name string) bool { return name < "02" }); err != nil {
+			return nil, err
+		}
+		if err := d.waitOperator(); err != nil {
+			return nil, err
+		}
+	} else if err := d.story5(ctx, res); err != nil {
+		return nil, err
+	}
+	if d.opts.Keep {
+		return res, d.keep(ctx)
+	}
+	return res, nil
+}
+
+// story5 runs the story's five acts.
+func (d *demo) story5(ctx context.Context, res *Result) (err error) {
 	d.say("\n════ Act 1: team-a has the cluster to itself ════")
 	if err := d.apply(ctx, func(name string) bool { return name < "10" }); err != nil {
-		return nil, err
+		return err
 	}
 	d.logf("waiting for tessera-controller to place the pods")
 	if res.Act1, err = d.settle(ctx, nil); err != nil {
-		return nil, err
+		return err
 	}
 	if res.Allocated1, err = d.story(ctx, res.Act1); err != nil {
-		return nil, err
+		return err
 	}
 
 	d.say("\n════ Act 2: team-b arrives and wants its quota back ════")
 	if err := d.apply(ctx, func(name string) bool { return name >= "10" && name < "20" }); err != nil {
-		return nil, err
+		return err
 	}
 	d.logf("waiting for the reclaim: team-b's gang bound")
 	if res.Act2, err = d.settle(ctx, []string{"team-b/vision-train-0", "team-b/vision-train-1", "team-b/vision-train-2"}); err != nil {
-		return nil, err
+		return err
 	}
 	for pod := range res.Act1 {
 		if _, ok := res.Act2[pod]; !ok {
@@ -206,29 +260,39 @@ func (d *demo) run(ctx context.Context) (*Result, error) {
 		}
 	}
 	if res.Allocated2, err = d.story(ctx, res.Act2); err != nil {
-		return nil, err
+		return err
 	}
 
 	d.say("\n════ Act 3: team-b adds a 20Gi share through the device plugin, no claim ════")
 	if err := d.apply(ctx, func(name string) bool { return name >= "20" && name < "30" }); err != nil {
-		return nil, err
+		return err
 	}
 	d.logf("waiting for the device-plugin pod team-b/embed")
 	if res.Act3, err = d.settle(ctx, []string{"team-b/embed"}); err != nil {
-		return nil, err
+		return err
 	}
 	if _, err = d.story(ctx, res.Act3); err != nil {
-		return nil, err
+		return err
 	}
 	if err := d.jobAct(ctx, res); err != nil {
-		return nil, err
+		return err
 	}
-	return res, nil
+	if err := d.waitOperator(); err != nil {
+		return err
+	}
+	return d.pytorchAct(ctx, res)
 }
 
-// buildTessera builds tessera-node and tessera-controller unless given.
+// buildTessera builds tessera-node, tessera-controller and the kubectl
+// plugin unless given.
 func (d *demo) buildTessera() error {
 	if d.opts.TesseraBin != "" {
+		// The children run in the work folder: a relative path would not do.
+		abs, err := filepath.Abs(d.opts.TesseraBin)
+		if err != nil {
+			return err
+		}
+		d.opts.TesseraBin = abs
 		for _, b := range []string{"tessera-node", "tessera-controller"} {
 			if _, err := os.Stat(filepath.Join(d.opts.TesseraBin, b)); err != nil {
 				return fmt.Errorf("--tessera-bin: %w", err)
@@ -237,9 +301,9 @@ func (d *demo) buildTessera() error {
 		return nil
 	}
 	dir := filepath.Join(d.work, "bin")
-	d.logf("building tessera-node and tessera-controller (go build)")
-	cmd := exec.Command("go", "build", "-o", dir+"/",
-		"github.com/tessera-gpu/tessera/cmd/tessera-node", "github.com/tessera-gpu/tessera/cmd/tessera-controller")
+	d.logf("building tessera-node, tessera-controller and kubectl-tessera (go build)")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "github.com/tessera-gpu/tessera/cmd/tessera-node",
+		"github.com/tessera-gpu/tessera/cmd/tessera-controller", "github.com/tessera-gpu/tessera/cmd/kubectl-tessera")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build: %v\n%s", err, out)
 	}
@@ -287,7 +351,7 @@ spec: {resources: {gpu: {quota: 0, limit: -1}}}
 // startNodes adds the kwok nodes and a tessera-node process for each.
 func (d *demo) startNodes(ctx context.Context) error {
 	d.logf("starting kwok (fake kubelets)")
-	if err := tbCall(func(t testing.TB) { d.cp.StartKwok(t) }); err != nil {
+	if err := d.tbCall(func(t testing.TB) { d.cp.StartKwok(t) }); err != nil {
 		return err
 	}
 	var want int
@@ -296,14 +360,14 @@ func (d *demo) startNodes(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		err = tbCall(func(t testing.TB) { d.cp.AddKwokNodeWith(t, node) })
+		err = d.tbCall(func(t testing.TB) { d.cp.AddKwokNodeWith(t, node) })
 		if err != nil {
 			return err
 		}
 		// The node's own identity: the Node authorizer lets it write only
 		// its own ResourceSlices, as a kubelet plugin may.
 		var kubeconfig string
-		if err := tbCall(func(t testing.TB) {
+		if err := d.tbCall(func(t testing.TB) {
 			kubeconfig = d.cp.WriteKubeconfig(t, d.cp.UserConfig("system:node:"+n.Name, "system:nodes"))
 		}); err != nil {
 			return err
@@ -336,7 +400,7 @@ func (d *demo) startNodes(ctx context.Context) error {
 func (d *demo) startController() error {
 	user := "system:serviceaccount:" + rbac.Namespace + ":" + rbac.ServiceAccount
 	var kubeconfig string
-	if err := tbCall(func(t testing.TB) {
+	if err := d.tbCall(func(t testing.TB) {
 		kubeconfig = d.cp.WriteKubeconfig(t, d.cp.UserConfig(user, "system:serviceaccounts", "system:serviceaccounts:"+rbac.Namespace))
 	}); err != nil {
 		return err
@@ -520,16 +584,20 @@ func (d *demo) placements(ctx context.Context) (map[string]Placement, error) {
 		if p.Queue == "" {
 			p.Queue = "default"
 		}
-		if p.Node == "" {
-			for _, c := range pod.Status.Conditions {
-				if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
-					p.Pending = c.Message
-					if p.Pending == "" {
-						p.Pending = c.Reason
-					}
+		for _, c := range pod.Status.Conditions {
+			if c.Type != corev1.PodScheduled {
+				continue
+			}
+			if c.Status == corev1.ConditionTrue {
+				p.BoundAt = c.LastTransitionTime.Time
+			} else if p.Node == "" {
+				p.Pending = c.Message
+				if p.Pending == "" {
+					p.Pending = c.Reason
 				}
 			}
-		} else {
+		}
+		if p.Node != "" {
 			devs, err := d.devices(ctx, &pod)
 			if err != nil {
 				return nil, err
@@ -705,7 +773,12 @@ func sortedKeys[V any](m map[string]V) []string {
 // teardown stops the children, then the control plane, and removes the
 // temporary folder (kept, with the logs, when the demo failed).
 func (d *demo) teardown(failed bool) {
-	d.logf("tearing down: tessera-controller, tessera-node ×%d, kwok, control plane", max(len(d.procs)-1, 0))
+	what := ""
+	if d.operator != nil {
+		what = d.operator.Name + ", "
+	}
+	d.logf("tearing down: %stessera-controller, tessera-node ×%d, kwok, control plane", what, max(len(d.procs)-1, 0))
+	d.tb.runCleanups()
 	for i := len(d.procs) - 1; i >= 0; i-- {
 		d.procs[i].Stop(15 * time.Second)
 	}
@@ -732,9 +805,9 @@ func (d *demo) startChild(name, binary string, args ...string) (*childproc.Proce
 }
 
 // tbCall runs f, a harness helper written for tests, with a testing.TB
-// whose Fatal ends f and turns into the returned error.
-func tbCall(f func(t testing.TB)) (err error) {
-	t := &programTB{}
+// whose Fatal ends f and turns into the returned error, and whose cleanups
+// run at teardown.
+func (d *demo) tbCall(f func(t testing.TB)) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			if fe, ok := r.(fatal); ok {
@@ -744,19 +817,52 @@ func tbCall(f func(t testing.TB)) (err error) {
 			panic(r)
 		}
 	}()
-	f(t)
+	f(d.tb)
 	return nil
 }
 
 type fatal string
 
-// programTB is the part of testing.TB the harness's kwok and kubeconfig
-// helpers use, for a program that is not a test.
-type programTB struct{ testing.TB }
+// lockedWriter serializes writes to w with mu (shared by Out and Log).
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// programTB is the part of testing.TB the harness's helpers use, for a
+// program that is not a test: Fatal panics (tbCall recovers), Cleanup
+// records what runCleanups runs.
+type programTB struct {
+	testing.TB
+	mu       sync.Mutex
+	cleanups []func()
+}
+
+// Cleanup records f; runCleanups runs the recorded functions last first.
+func (p *programTB) Cleanup(f func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cleanups = append(p.cleanups, f)
+}
+
+func (p *programTB) runCleanups() {
+	p.mu.Lock()
+	fs := p.cleanups
+	p.cleanups = nil
+	p.mu.Unlock()
+	for i := len(fs) - 1; i >= 0; i-- {
+		fs[i]()
+	}
+}
 
 func (*programTB) Helper()                        {}
 func (*programTB) Logf(string, ...any)            {}
-func (*programTB) Cleanup(func())                 {}
 func (*programTB) Failed() bool                   { return false }
 func (*programTB) Name() string                   { return "demo" }
 func (*programTB) Fatalf(format string, a ...any) { panic(fatal(fmt.Sprintf(format, a...))) }

@@ -23,7 +23,7 @@ func TestDemo(t *testing.T) {
 	}
 	binDir := controlplane.BinDir(t)
 	var out bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	res, err := Run(ctx, Options{BinDir: binDir, Out: &out, Log: &out})
 	t.Logf("demo output:\n%s", out.String())
@@ -107,6 +107,7 @@ func TestDemo(t *testing.T) {
 	}
 
 	checkJobAct(t, res)
+	checkPyTorchAct(t, res)
 }
 
 // checkJobAct: act 4's Indexed Job, with no PodGroup written, waits whole
@@ -131,5 +132,45 @@ func checkJobAct(t *testing.T, res *Result) {
 		if p.Node == "" || len(p.Devices) != 2 {
 			t.Errorf("act 4: %s should run on 2 GPUs once room appeared, got %+v", pod, p)
 		}
+	}
+	if s := bindSpread(res.JobBound); s > time.Second {
+		t.Errorf("act 4: the workers bound over %v; want one cycle", s)
+	}
+}
+
+// checkPyTorchAct: act 5's PyTorchJob, made into pods by the real
+// training-operator, waits whole (its gang made by the pod grouper from the
+// PyTorchJob), `why` names that group and its state, and all four replicas
+// bind in one cycle once the Indexed Job's 8 GPUs are free.
+func checkPyTorchAct(t *testing.T, res *Result) {
+	t.Helper()
+	if len(res.PyTorchWaiting) != pytorchPods || len(res.PyTorchBound) != pytorchPods {
+		t.Fatalf("act 5: want %d pods waiting then bound, got %+v then %+v", pytorchPods, res.PyTorchWaiting, res.PyTorchBound)
+	}
+	for pod, p := range res.PyTorchWaiting {
+		if p.Node != "" || !strings.Contains(p.Pending, "pytorchjob team-a/"+pytorchName+": 4 pods × 2 GPUs must start together") {
+			t.Errorf("act 5: %s should wait with its gang of 4 in people's words, got %+v", pod, p)
+		}
+	}
+	if res.PyTorchGroup == "" {
+		t.Fatalf("act 5: the pod grouper gave the PyTorchJob's pods no group")
+	}
+	for _, want := range []string{
+		"PodGroup team-a/" + res.PyTorchGroup,
+		"made by the pod grouper for PyTorchJob " + pytorchName,
+		"4 pods must start together",
+		"State: phase Pending, 0 scheduled",
+	} {
+		if !strings.Contains(res.PyTorchWhy, want) {
+			t.Errorf("act 5: kubectl tessera why does not say %q:\n%s", want, res.PyTorchWhy)
+		}
+	}
+	for pod, p := range res.PyTorchBound {
+		if p.Node == "" || len(p.Devices) != 2 || !strings.Contains(p.Devices[0], "device plugin") {
+			t.Errorf("act 5: %s should run on 2 device-plugin GPUs once room appeared, got %+v", pod, p)
+		}
+	}
+	if s := bindSpread(res.PyTorchBound); s > time.Second {
+		t.Errorf("act 5: the replicas bound over %v; want one cycle", s)
 	}
 }

@@ -1,16 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 
-	"strings"
-	"time"
-
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/tessera-gpu/tessera/cmd/kubectl-tessera/ctl"
 )
 
 // The Indexed Job of act 4 (demo/examples/30-team-a-llama-job.yaml).
@@ -26,41 +20,19 @@ const (
 // finishes.
 func (d *demo) jobAct(ctx context.Context, res *Result) error {
 	d.say("\n════ Act 4: training as people submit it: an Indexed Job, no PodGroup written ════")
-	if err := d.apply(ctx, func(name string) bool { return name >= "30" }); err != nil {
+	if err := d.apply(ctx, func(name string) bool { return name >= "30" && name < "40" }); err != nil {
 		return err
 	}
 	d.logf("waiting for the Job controller's %d workers and the pod grouper's gang", jobWorkers)
+	prefix := jobNamespace + "/" + jobName + "-"
 	var err error
-	if res.JobWaiting, err = d.jobPods(ctx, func(ps map[string]Placement) (bool, string) {
-		for k, p := range ps {
-			if p.Node != "" {
-				return true, k + " bound"
-			}
-			// Until the grouper has made the gang, the pods wait for it.
-			if p.Pending == "" || strings.Contains(p.Pending, "pod grouper") {
-				return false, k + ": " + p.Pending
-			}
-		}
-		return true, ""
-	}); err != nil {
+	if res.JobWaiting, err = d.workloadPods(ctx, prefix, jobWorkers, gangWaiting); err != nil {
 		return err
 	}
-	for _, k := range sortedKeys(res.JobWaiting) {
-		p := res.JobWaiting[k]
-		if p.Node != "" {
-			d.say("  ✗ %-30s bound to %s before its gang could start: the gang was broken", k, p.Node)
-			continue
-		}
-		d.say("  ⏸ %-30s %s", k, p.Pending)
+	d.sayWaiting(res.JobWaiting)
+	if res.JobWhy, err = d.why(ctx, sortedKeys(res.JobWaiting)[0]); err != nil {
+		return err
 	}
-	first := sortedKeys(res.JobWaiting)[0]
-	var why bytes.Buffer
-	clients := ctl.Clients{Kube: d.client, Dynamic: d.dyn, Namespace: jobNamespace}
-	if err := ctl.Run(ctx, clients, []string{"why", strings.TrimPrefix(first, jobNamespace+"/")}, &why); err != nil {
-		return fmt.Errorf("kubectl tessera why %s: %w", first, err)
-	}
-	res.JobWhy = why.String()
-	d.say("\n$ kubectl tessera why -n %s %s\n%s", jobNamespace, strings.TrimPrefix(first, jobNamespace+"/"), res.JobWhy)
 
 	d.say("team-a's llm-train gang finishes (its pods are deleted): 8 GPUs free up")
 	for _, name := range []string{"llm-train-0", "llm-train-1"} {
@@ -68,42 +40,9 @@ func (d *demo) jobAct(ctx context.Context, res *Result) error {
 			return fmt.Errorf("deleting %s: %w", name, err)
 		}
 	}
-	if res.JobBound, err = d.jobPods(ctx, func(ps map[string]Placement) (bool, string) {
-		for k, p := range ps {
-			if p.Node == "" {
-				return false, k + ": " + p.Pending
-			}
-		}
-		return true, ""
-	}); err != nil {
+	if res.JobBound, err = d.workloadPods(ctx, prefix, jobWorkers, allBound); err != nil {
 		return err
 	}
-	for _, k := range sortedKeys(res.JobBound) {
-		p := res.JobBound[k]
-		d.say("  ✓ %-30s %s %s", k, p.Node, strings.Join(p.Devices, " "))
-	}
+	d.sayBound(res.JobBound)
 	return nil
-}
-
-// jobPods waits until the Job's workers all exist and done says so, and
-// returns their placements.
-func (d *demo) jobPods(ctx context.Context, done func(map[string]Placement) (bool, string)) (map[string]Placement, error) {
-	var out map[string]Placement
-	err := d.poll(ctx, 3*time.Minute, "the Job's workers", func() (bool, string) {
-		all, err := d.placements(ctx)
-		if err != nil {
-			return false, err.Error()
-		}
-		out = map[string]Placement{}
-		for k, p := range all {
-			if strings.HasPrefix(k, jobNamespace+"/"+jobName+"-") {
-				out[k] = p
-			}
-		}
-		if len(out) < jobWorkers {
-			return false, fmt.Sprintf("%d of %d workers created", len(out), jobWorkers)
-		}
-		return done(out)
-	})
-	return out, err
 }

@@ -77,14 +77,30 @@ func checkBinaries(dir string) error {
 	return nil
 }
 
-func runBuildScript() (string, error) {
+// Binary returns the path of one binary hack/build-controlplane.sh builds
+// on request only (kubectl, for the kept demo): in $TESSERA_BIN_DIR when it
+// is there, else built by the script (once, cached by version).
+func Binary(name string) (string, error) {
+	if dir := os.Getenv(EnvBinDir); dir != "" {
+		if st, err := os.Stat(filepath.Join(dir, name)); err == nil && st.Mode()&0o111 != 0 {
+			return filepath.Join(dir, name), nil
+		}
+	}
+	dir, err := runBuildScript(name)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, name), nil
+}
+
+func runBuildScript(names ...string) (string, error) {
 	root, err := repoRoot()
 	if err != nil {
 		return "", err
 	}
 	script := filepath.Join(root, "hack", "build-controlplane.sh")
-	klog.InfoS("Building control-plane binaries (cold builds take about 15 minutes; set "+EnvBinDir+" to skip)", "script", script)
-	cmd := exec.Command(script)
+	klog.InfoS("Building control-plane binaries (cold builds take minutes; set "+EnvBinDir+" to skip)", "script", script, "binaries", names)
+	cmd := exec.Command(script, names...)
 	cmd.Dir = root
 	cmd.Stderr = os.Stderr // progress of a long build must be visible
 	out, err := cmd.Output()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -79,18 +80,37 @@ func OperatorsDir(t testing.TB) string {
 	return operatorsDir
 }
 
-func runOperatorsBuild() (string, error) {
+// FindOperatorsDir is OperatorsDir for a program (the local demo): the
+// folder linking to the controllers named, $TESSERA_OPERATORS_DIR when it
+// holds them all, else built by hack/build-operators.sh — only those named,
+// each cached by version.
+func FindOperatorsDir(names ...string) (string, error) {
+	if dir := os.Getenv(EnvOperatorsDir); dir != "" {
+		missing := false
+		for _, n := range names {
+			if _, err := os.Stat(filepath.Join(dir, n, n)); err != nil {
+				missing = true
+			}
+		}
+		if !missing {
+			return dir, nil
+		}
+	}
+	return runOperatorsBuild(names...)
+}
+
+func runOperatorsBuild(names ...string) (string, error) {
 	root, err := moduleRoot()
 	if err != nil {
 		return "", err
 	}
 	script := filepath.Join(root, "hack", "build-operators.sh")
-	cmd := exec.Command(script)
+	cmd := exec.Command(script, names...)
 	cmd.Dir = root
 	cmd.Stderr = os.Stderr // a cold build takes minutes; show its progress
 	out, err := cmd.Output()
 	if err != nil {
-		return "", fmt.Errorf("running %s: %w", script, err)
+		return "", fmt.Errorf("running %s %s: %w", script, strings.Join(names, " "), err)
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	return strings.TrimSpace(lines[len(lines)-1]), nil
@@ -132,7 +152,14 @@ type operatorSetup struct {
 // at t's cleanup.
 func StartOperator(t testing.TB, cp *controlplane.ControlPlane, name string) *Operator {
 	t.Helper()
-	dir := filepath.Join(OperatorsDir(t), name)
+	return StartOperatorIn(t, cp, OperatorsDir(t), name)
+}
+
+// StartOperatorIn is StartOperator with the controllers' folder given
+// (FindOperatorsDir), for a program that is not a test.
+func StartOperatorIn(t testing.TB, cp *controlplane.ControlPlane, operatorsDir, name string) *Operator {
+	t.Helper()
+	dir := filepath.Join(operatorsDir, name)
 	bin := filepath.Join(dir, name)
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("%s is not built (run hack/build-operators.sh %s): %v", name, name, err)
@@ -282,13 +309,9 @@ const fixedCertDir = "/tmp/k8s-webhook-server/serving-certs"
 func mountFixedCertDir(t testing.TB, name string, pki *webhookPKI) {
 	t.Helper()
 	path := filepath.Join(os.TempDir(), "tessera-k8s-webhook-server.lock")
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := lockFixedCertDir(path, name, fixedCertDirWait)
 	if err != nil {
-		t.Fatalf("%s: opening %s: %v", name, path, err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		t.Fatalf("%s: locking %s: %v", name, path, err)
+		t.Fatalf("%v", err)
 	}
 	t.Cleanup(func() { f.Close() }) // closing releases the lock
 	if err := os.MkdirAll(fixedCertDir, 0o700); err != nil {
@@ -300,6 +323,39 @@ func mountFixedCertDir(t testing.TB, name string, pki *webhookPKI) {
 			t.Fatalf("%s: %v", name, err)
 		}
 	}
+}
+
+// fixedCertDirWait bounds the wait for fixedCertDir's lock: a test waits
+// for another test's controller, not for a demo kept running for hours.
+const fixedCertDirWait = 10 * time.Minute
+
+// lockFixedCertDir takes the lock at path, waiting up to wait, and records
+// who holds it (pid and command), so whoever waits can say who it waits
+// for: a kept demo (`make demo-down` ends it) or another test.
+func lockFixedCertDir(path, name string, wait time.Duration) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("%s: opening %s: %w", name, path, err)
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+			holder, _ := os.ReadFile(path)
+			f.Close()
+			return nil, fmt.Errorf("%s: %s is locked (held by %s): %w; it needs %s to itself",
+				name, path, strings.TrimSpace(string(holder)), err, fixedCertDir)
+		}
+		time.Sleep(time.Second)
+	}
+	holder := fmt.Sprintf("pid %d, %s for %s", os.Getpid(), filepath.Base(os.Args[0]), name)
+	if err := f.Truncate(0); err == nil {
+		_, _ = f.WriteAt([]byte(holder+"\n"), 0)
+	}
+	return f, nil
 }
 
 // waitReady waits until /readyz answers 200 and, with webhooks, the

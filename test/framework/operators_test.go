@@ -1,6 +1,10 @@
 package framework
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,5 +112,30 @@ func checkPods(t *testing.T, pods []corev1.Pod) {
 		if len(p.OwnerReferences) == 0 {
 			t.Errorf("pod %s has no owner", p.Name)
 		}
+	}
+}
+
+// TestLockFixedCertDir: a second taker of the fixed cert dir's lock waits,
+// then fails naming who holds it (a kept demo holds it for hours); once the
+// holder lets go, the lock is taken and records its new holder.
+func TestLockFixedCertDir(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "lock")
+	first, err := lockFixedCertDir(path, "training-operator", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := fmt.Sprintf("pid %d", os.Getpid())
+	_, err = lockFixedCertDir(path, "trainer", 1500*time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "held by "+holder) || !strings.Contains(err.Error(), "for training-operator") {
+		t.Fatalf("second lock: err %v, want one naming the holder (%s, for training-operator)", err, holder)
+	}
+	first.Close()
+	second, err := lockFixedCertDir(path, "trainer", time.Second)
+	if err != nil {
+		t.Fatalf("lock after release: %v", err)
+	}
+	defer second.Close()
+	if data, _ := os.ReadFile(path); !strings.Contains(string(data), "for trainer") {
+		t.Errorf("lock file says %q, want its new holder (for trainer)", data)
 	}
 }
