@@ -227,8 +227,8 @@ func TestHelmTemplateDefaults(t *testing.T) {
 	require.NotNil(t, ds)
 	pod := ds.Spec.Template.Spec
 	require.Equal(t, "tessera-node", pod.ServiceAccountName)
-	require.True(t, pod.HostPID)
-	require.True(t, pod.HostIPC)
+	require.False(t, pod.HostPID, "the MPS daemons, which need it, run in tessera-mps")
+	require.False(t, pod.HostIPC)
 	c := pod.Containers[0]
 	require.True(t, ptr.Deref(c.SecurityContext.Privileged, false))
 	hostPaths := map[string]string{} // mountPath → host path
@@ -252,6 +252,28 @@ func TestHelmTemplateDefaults(t *testing.T) {
 	require.Contains(t, c.Args, "--share-slots=10")
 	require.Equal(t, "spec.nodeName", c.Env[0].ValueFrom.FieldRef.FieldPath)
 	require.Equal(t, "NODE_NAME", c.Env[0].Name)
+
+	require.Contains(t, c.Args, "--mps-supervisor=/run/tessera/mps/supervisor.sock")
+
+	// tessera-mps: the MPS daemons outside tessera-node's container, not
+	// replaced by upgrades, with no API access.
+	mps := find[*appsv1.DaemonSet](objs, "tessera-mps")
+	require.NotNil(t, mps)
+	require.Equal(t, appsv1.OnDeleteDaemonSetStrategyType, mps.Spec.UpdateStrategy.Type)
+	mpod := mps.Spec.Template.Spec
+	require.False(t, ptr.Deref(mpod.AutomountServiceAccountToken, true))
+	require.True(t, mpod.HostPID)
+	require.True(t, mpod.HostIPC)
+	require.Equal(t, pod.NodeSelector, mpod.NodeSelector, "on the nodes tessera-node runs on")
+	require.Equal(t, pod.Tolerations, mpod.Tolerations)
+	mc := mpod.Containers[0]
+	require.Equal(t, c.Image, mc.Image)
+	require.Equal(t, []string{"mps-supervisor", "--mps-root=/run/tessera/mps", "--mps-control=/driver-root/usr/bin/nvidia-cuda-mps-control", "-v=0"}, mc.Args)
+	require.True(t, ptr.Deref(mc.SecurityContext.Privileged, false), "real MPS daemons open the GPUs")
+	require.Nil(t, mc.Resources.Limits, "no memory limit: an OOM kill takes every MPS client down")
+	require.Equal(t, "/run/tessera/mps", mpod.Volumes[0].HostPath.Path)
+	require.Equal(t, "/run/tessera/mps", mc.VolumeMounts[0].MountPath)
+	require.Nil(t, find[*appsv1.DaemonSet](render(t, "--set", "node.sharing.mps=false"), "tessera-mps"), "no MPS, no supervisor")
 
 	// tessera-node RBAC: least privilege.
 	nodeRole := find[*rbacv1.ClusterRole](objs, "tessera-node")
@@ -311,6 +333,12 @@ func TestHelmTemplateValues(t *testing.T) {
 	require.Contains(t, c.Args, "--sharing-mode=MPS")
 	require.NotContains(t, c.Args, "--driver-root=/driver-root")
 	require.Empty(t, ds.Spec.Template.Spec.NodeSelector)
+	// Fake GPUs: the supervisor runs the built-in stand-in, unprivileged.
+	mc := find[*appsv1.DaemonSet](objs, "tessera-mps").Spec.Template.Spec.Containers[0]
+	require.Contains(t, mc.Args, "--fake")
+	require.False(t, ptr.Deref(mc.SecurityContext.Privileged, false))
+	require.Equal(t, []corev1.Capability{"ALL"}, mc.SecurityContext.Capabilities.Drop)
+	require.Len(t, mc.VolumeMounts, 1, "only the MPS root")
 	dep := find[*appsv1.Deployment](objs, "tessera-controller")
 	require.Equal(t, int32(1), *dep.Spec.Replicas)
 	require.Contains(t, dep.Spec.Template.Spec.Containers[0].Args, "--leader-elect-lease-name=my-lease")
@@ -468,6 +496,15 @@ func TestChartOnAPIServer(t *testing.T) {
 func TestKindDemoScript(t *testing.T) {
 	out, err := exec.Command("bash", "-n", "../demo/kind/run.sh").CombinedOutput()
 	require.NoError(t, err, "%s", out)
+	// It fails loudly when a pod does not run: no command's failure is
+	// swallowed, and the fraction pods are waited for.
+	script, err := os.ReadFile("../demo/kind/run.sh")
+	require.NoError(t, err)
+	for i, line := range strings.Split(string(script), "\n") {
+		require.NotRegexp(t, `\|\|\s*(true|:)\s*$`, line, "run.sh line %d hides a failure", i+1)
+	}
+	require.Contains(t, string(script), "wait --for=condition=Ready pod -l app=chat")
+	require.Contains(t, string(script), "set -euo pipefail")
 }
 
 // TestHelmTemplateWebhook checks the admission webhook's objects: the

@@ -193,7 +193,12 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		mps = sharing.NewMPSManager(opts.Inventory, *opts.MPS)
 	}
 	d.sharing = sharing.NewManager(opts.Inventory, mps)
-	d.metrics = newMetrics(opts.Registerer, func() float64 { return float64(d.sharing.MPSDaemons()) })
+	d.metrics = newMetrics(opts.Registerer, func() float64 { return float64(d.sharing.MPSDaemons()) }, func() float64 {
+		if mps == nil {
+			return 0
+		}
+		return float64(mps.Restarts())
+	})
 	for _, g := range devs {
 		d.metrics.gpuHealthy.WithLabelValues(DeviceName(g.Index), g.UUID).Set(1)
 	}

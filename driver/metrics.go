@@ -12,6 +12,11 @@ type metrics struct {
 	memoryAllocated *prometheus.GaugeVec
 	gpuHealthy      *prometheus.GaugeVec
 	mpsDaemons      prometheus.GaugeFunc
+	// mpsRestarts is tessera_node_mps_daemon_restarts_total: MPS daemons
+	// found dead and started again (every MPS client of the GPU died with
+	// the daemon). The chart's alert rules alert on its increase: keep the
+	// name in step with them.
+	mpsRestarts prometheus.CounterFunc
 	// orphansUnprepared counts claims unprepared because the API server no
 	// longer has them for this node, by reason (reconcile.go).
 	orphansUnprepared *prometheus.CounterVec
@@ -23,7 +28,7 @@ type metrics struct {
 	devicePluginReleases    *prometheus.CounterVec
 }
 
-func newMetrics(reg prometheus.Registerer, mpsDaemons func() float64) *metrics {
+func newMetrics(reg prometheus.Registerer, mpsDaemons, mpsRestarts func() float64) *metrics {
 	m := &metrics{
 		preparedClaims: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "tessera", Subsystem: "node", Name: "prepared_claims",
@@ -50,6 +55,10 @@ func newMetrics(reg prometheus.Registerer, mpsDaemons func() float64) *metrics {
 			Namespace: "tessera", Subsystem: "node", Name: "mps_daemons",
 			Help: "MPS control daemons running on this node.",
 		}, mpsDaemons),
+		mpsRestarts: prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "tessera", Subsystem: "node", Name: "mps_daemon_restarts_total",
+			Help: "MPS control daemons found dead and started again since tessera-node started (their MPS clients died with them).",
+		}, mpsRestarts),
 		orphansUnprepared: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "tessera", Subsystem: "node", Name: "orphaned_claims_unprepared_total",
 			Help: "Prepared claims unprepared because the API server no longer has them for this node, per reason (gone, replaced, deallocated).",
@@ -72,7 +81,7 @@ func newMetrics(reg prometheus.Registerer, mpsDaemons func() float64) *metrics {
 		}, []string{"resource"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.preparedClaims, m.prepareLatency, m.prepareErrors, m.memoryAllocated, m.gpuHealthy, m.mpsDaemons, m.orphansUnprepared,
+		reg.MustRegister(m.preparedClaims, m.prepareLatency, m.prepareErrors, m.memoryAllocated, m.gpuHealthy, m.mpsDaemons, m.mpsRestarts, m.orphansUnprepared,
 			m.devicePluginPods, m.devicePluginAllocations, m.devicePluginRefusals, m.devicePluginReleases)
 	}
 	return m

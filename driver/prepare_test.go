@@ -46,7 +46,7 @@ func newUnitDriver(t *testing.T, profile string) (*Driver, string) {
 		sorted:  devs,
 		changed: make(chan struct{}),
 	}
-	d.metrics = newMetrics(nil, func() float64 { return 0 })
+	d.metrics = newMetrics(nil, func() float64 { return 0 }, func() float64 { return 0 })
 	for _, g := range devs {
 		d.devices[DeviceName(g.Index)] = g
 		d.byUUID[g.UUID] = g

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -18,7 +17,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/gpu"
-	"github.com/tessera-gpu/tessera/internal/killpoint"
 )
 
 // How the MPS control daemon is supervised.
@@ -91,6 +89,14 @@ type MPSOptions struct {
 	Timeout time.Duration
 	// Env is added to the daemons' environment.
 	Env []string
+	// ControlArgs come before the control program's own arguments (the
+	// built-in stand-in of fake mode is `tessera-node mps-standin`).
+	ControlArgs []string
+	// Supervisor is the Unix socket of the tessera-mps supervisor; when
+	// set, daemons are started there, outside this process' container,
+	// instead of as children of this process (Control, ControlArgs and Env
+	// are then the supervisor's business).
+	Supervisor string
 }
 
 // MPSDaemon describes the daemon of one GPU.
@@ -105,8 +111,9 @@ type MPSDaemon struct {
 // MPSManager runs one MPS control daemon per GPU that has MPS claims,
 // reference-counted by claim UID.
 type MPSManager struct {
-	inv  gpu.Inventory
-	opts MPSOptions
+	inv    gpu.Inventory
+	opts   MPSOptions
+	runner DaemonRunner
 
 	mu      sync.Mutex
 	daemons map[string]*mpsDaemon // by GPU UUID
@@ -137,7 +144,11 @@ func NewMPSManager(inv gpu.Inventory, opts MPSOptions) *MPSManager {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 10 * time.Second
 	}
-	return &MPSManager{inv: inv, opts: opts, daemons: map[string]*mpsDaemon{}}
+	var runner DaemonRunner = &ProcessRunner{Control: opts.Control, ControlArgs: opts.ControlArgs, Timeout: opts.Timeout, Env: opts.Env}
+	if opts.Supervisor != "" {
+		runner = NewSupervisorClient(opts.Supervisor, opts.Root, opts.Timeout)
+	}
+	return &MPSManager{inv: inv, opts: opts, runner: runner, daemons: map[string]*mpsDaemon{}}
 }
 
 // PipeDir is the host pipe directory of a GPU's daemon (what containers mount).
@@ -157,7 +168,8 @@ func (m *MPSManager) Daemons() int {
 	return len(m.daemons)
 }
 
-// Restarts is how many times a dead daemon was started again (for the metrics).
+// Restarts is how many times a dead daemon was started again: the metric
+// tessera_node_mps_daemon_restarts_total (alerted on by the chart's rules).
 func (m *MPSManager) Restarts() int64 { return m.restarts.Load() }
 
 // Daemon returns the daemon of a GPU, if it has one.
@@ -261,7 +273,12 @@ func (m *MPSManager) check(ctx context.Context) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for uuid, d := range m.daemons {
-		if alive(d.pid) {
+		ok, err := m.runner.Alive(ctx, d.spec(), d.pid)
+		if err != nil {
+			klog.ErrorS(err, "Checking MPS daemon; will retry", "gpu", uuid, "pid", d.pid)
+			continue
+		}
+		if ok {
 			continue
 		}
 		klog.InfoS("MPS daemon died; starting it again", "gpu", uuid, "pid", d.pid)
@@ -276,94 +293,24 @@ func (m *MPSManager) check(ctx context.Context) {
 	}
 }
 
-func (m *MPSManager) env(d *mpsDaemon) []string {
-	env := append(os.Environ(),
-		"CUDA_MPS_PIPE_DIRECTORY="+d.pipeDir,
-		"CUDA_MPS_LOG_DIRECTORY="+d.logDir,
-		"CUDA_VISIBLE_DEVICES="+d.uuid,
-	)
-	return append(env, m.opts.Env...)
+func (d *mpsDaemon) spec() DaemonSpec {
+	return DaemonSpec{GPU: d.uuid, PipeDir: d.pipeDir, LogDir: d.logDir}
 }
 
-// start starts the daemon of d, or adopts one already running from an
-// earlier life of this process, and sets d.pid.
+// start starts the daemon of d through the runner, or adopts one already
+// running, and sets d.pid.
 func (m *MPSManager) start(ctx context.Context, d *mpsDaemon) error {
-	for _, dir := range []string{d.pipeDir, d.logDir} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("MPS on GPU %s: creating %s: %w", d.uuid, dir, err)
-		}
-	}
-	pidPath := filepath.Join(d.pipeDir, PIDFile)
-	if pid, err := readPID(pidPath); err == nil && alive(pid) {
-		klog.InfoS("Adopting running MPS daemon", "gpu", d.uuid, "pid", pid)
-		d.pid = pid
-		return nil
-	}
-	_ = os.Remove(pidPath) // stale: its daemon is gone
-
-	control, err := exec.LookPath(m.opts.Control)
+	pid, err := m.runner.Start(ctx, d.spec())
 	if err != nil {
-		return fmt.Errorf("MPS on GPU %s: %s not found (is the driver's MPS installed and on PATH?): %w", d.uuid, m.opts.Control, err)
-	}
-	// Output goes to a file, not a pipe: the forked daemon inherits the
-	// descriptors, and Wait on a pipe would block until the daemon exits.
-	out, err := os.OpenFile(filepath.Join(d.logDir, "tessera-start.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return fmt.Errorf("MPS on GPU %s: opening start log: %w", d.uuid, err)
-	}
-	defer out.Close()
-	ctx, cancel := context.WithTimeout(ctx, m.opts.Timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, control, "-d")
-	cmd.Env = m.env(d)
-	cmd.Stdout, cmd.Stderr = out, out
-	// Its own session: signals to tessera-node's process group must not
-	// reach the daemon.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("MPS on GPU %s: %s -d: %w%s (see %s)", d.uuid, control, err, logTail(out.Name()), out.Name())
-	}
-	// The daemon runs; nothing but its pid file knows it yet. A restart
-	// adopts it through that file (above), so no second daemon starts.
-	killpoint.Reach(killpoint.MPSBeforePIDFile)
-	pid, err := waitPID(ctx, pidPath)
-	if err != nil {
-		return fmt.Errorf("MPS on GPU %s: daemon did not come up: %w%s (see %s)", d.uuid, err, logTail(filepath.Join(d.logDir, "control.log")), d.logDir)
+		return err
 	}
 	d.pid = pid
 	return nil
 }
 
-// stop sends `quit` to the daemon through the control program and waits for
-// it to exit; after Timeout it is killed.
+// stop stops the daemon of d through the runner.
 func (m *MPSManager) stop(ctx context.Context, d *mpsDaemon) error {
-	if !alive(d.pid) {
-		_ = os.Remove(filepath.Join(d.pipeDir, PIDFile))
-		return nil
-	}
-	control, err := exec.LookPath(m.opts.Control)
-	if err == nil {
-		qctx, cancel := context.WithTimeout(ctx, m.opts.Timeout)
-		cmd := exec.CommandContext(qctx, control)
-		cmd.Env = m.env(d)
-		cmd.Stdin = strings.NewReader("quit\n")
-		out, qerr := cmd.CombinedOutput()
-		cancel()
-		if qerr != nil {
-			klog.ErrorS(qerr, "MPS quit failed; killing the daemon", "gpu", d.uuid, "output", string(out))
-		}
-	}
-	if waitExit(ctx, d.pid, m.opts.Timeout) {
-		_ = os.Remove(filepath.Join(d.pipeDir, PIDFile))
-		return nil
-	}
-	klog.InfoS("MPS daemon did not quit in time; killing it", "gpu", d.uuid, "pid", d.pid)
-	_ = syscall.Kill(d.pid, syscall.SIGKILL)
-	if waitExit(ctx, d.pid, m.opts.Timeout) {
-		_ = os.Remove(filepath.Join(d.pipeDir, PIDFile))
-		return nil
-	}
-	return fmt.Errorf("MPS on GPU %s: daemon %d does not exit", d.uuid, d.pid)
+	return m.runner.Stop(ctx, d.spec(), d.pid)
 }
 
 // logTail is the last lines of a daemon log, for an error message: what

@@ -51,6 +51,7 @@ type config struct {
 	mps               bool
 	mpsRoot           string
 	mpsControl        string
+	mpsSupervisor     string
 	httpAddr          string
 	recoverCheckpoint bool
 	bootIDPath        string
@@ -69,6 +70,16 @@ func envName(flagName string) string {
 }
 
 func main() {
+	if len(os.Args) > 1 {
+		// Subcommands of the same binary: the MPS supervisor (its own
+		// DaemonSet), the fake-mode MPS stand-in, and the uninstall cleanup.
+		switch os.Args[1] {
+		case sharing.StandInCommand:
+			os.Exit(sharing.RunStandIn(os.Args[2:], os.Stdin, os.Stderr))
+		case supervisorCommand, cleanupCommand:
+			os.Exit(runMPSCommand(os.Args[1], os.Args[2:]))
+		}
+	}
 	klog.InitFlags(nil)
 	var c config
 	fs := flag.CommandLine
@@ -83,7 +94,8 @@ func main() {
 	fs.StringVar(&c.mode, "sharing-mode", "", "fix the sharing mode of every GPU: Exclusive, MPS or TimeSlicing (empty: claims choose)")
 	fs.BoolVar(&c.mps, "mps", true, "offer MPS sharing (runs nvidia-cuda-mps-control per GPU)")
 	fs.StringVar(&c.mpsRoot, "mps-root", sharing.DefaultMPSRoot, "parent of the per-GPU MPS pipe and log directories")
-	fs.StringVar(&c.mpsControl, "mps-control", sharing.DefaultMPSControl, "MPS control program")
+	fs.StringVar(&c.mpsControl, "mps-control", "", "MPS control program (empty: "+sharing.DefaultMPSControl+" on PATH, or with --fake-gpus the built-in stand-in)")
+	fs.StringVar(&c.mpsSupervisor, "mps-supervisor", "", "Unix socket of the MPS supervisor (tessera-node mps-supervisor) that runs the MPS daemons outside this container; empty: run them as children of this process")
 	fs.StringVar(&c.httpAddr, "http-address", ":8080", "address for /metrics, /healthz and /readyz (empty: off)")
 	fs.BoolVar(&c.recoverCheckpoint, "recover-checkpoint", false, "move an unreadable checkpoint aside and start with no prepared claims (see driver/README.md)")
 	fs.StringVar(&c.bootIDPath, "boot-id-path", driver.DefaultBootIDPath, "file holding the node's boot ID")
@@ -181,7 +193,11 @@ func run(ctx context.Context, c config) error {
 		opts.ReconcileInterval = -1 // at start only
 	}
 	if c.mps {
-		opts.MPS = &sharing.MPSOptions{Root: c.mpsRoot, Control: c.mpsControl}
+		control, args, err := mpsControl(c.mpsControl, c.fakeGPUs != "")
+		if err != nil {
+			return err
+		}
+		opts.MPS = &sharing.MPSOptions{Root: c.mpsRoot, Control: control, ControlArgs: args, Supervisor: c.mpsSupervisor}
 	}
 	start := time.Now()
 	d, err := driver.Start(ctx, opts)

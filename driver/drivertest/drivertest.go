@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/tessera-gpu/tessera/internal/draname"
+	"github.com/tessera-gpu/tessera/sharing"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,8 +23,9 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// RecordEnv names the file the stand-in appends its log to.
-const RecordEnv = "TESSERA_MPS_RECORD"
+// RecordEnv names the file the stand-in appends its log to; tessera-node's
+// built-in stand-in (fake mode) appends to the same file, in the same form.
+const RecordEnv = sharing.StandInRecordEnv
 
 // standIn behaves like the MPS control program as far as tessera-node sees
 // it: `-d` starts a daemon (here a sleep in its own session) and writes its

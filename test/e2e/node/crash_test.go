@@ -103,6 +103,13 @@ func (p *proc) killed(t testing.TB, point string) {
 
 func (e *nodeEnv) spawn(t testing.TB, kubeconfig string, env []string, extraArgs ...string) *proc {
 	t.Helper()
+	return e.spawnWrapped(t, nil, kubeconfig, env, extraArgs...)
+}
+
+// spawnWrapped is spawn with tessera-node run by wrapper (a command that
+// ends by exec'ing its arguments), e.g. to start it in a cgroup.
+func (e *nodeEnv) spawnWrapped(t testing.TB, wrapper []string, kubeconfig string, env []string, extraArgs ...string) *proc {
+	t.Helper()
 	args := append([]string{
 		"--node-name=" + e.name, "--kubeconfig=" + kubeconfig, "--fake-gpus=h100-sxm-8",
 		"--kubelet-registrar-dir=" + e.registrar, "--kubelet-plugin-dir=" + e.plugins,
@@ -110,7 +117,8 @@ func (e *nodeEnv) spawn(t testing.TB, kubeconfig string, env []string, extraArgs
 		"--boot-id-path=" + e.bootID, "--http-address=127.0.0.1:0", "-v=2",
 		"--device-plugin-dir=" + e.devicePlugins,
 	}, extraArgs...)
-	cmd := exec.Command(tesseraNode(t), args...)
+	argv := append(append(append([]string{}, wrapper...), tesseraNode(t)), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(append(os.Environ(), drivertest.RecordEnv+"="+e.record), env...)
 	p := &proc{cmd: cmd, out: &syncBuffer{}, done: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
