@@ -233,5 +233,15 @@ func TestFakeModeMPSStandIn(t *testing.T) {
 	k.mustUnprepare(t, mps, ts)
 	assert.Empty(t, daemonPIDs(t, e, uuid), "stopped on unprepare")
 	assert.Equal(t, []string{"start_" + uuid, "quit_" + uuid}, drivertest.Record(t, e.record))
+
+	// `tessera-node mps-cleanup` (uninstall by hand) stops a daemon left
+	// running; the claim's unprepare afterwards is clean.
+	k.mustPrepare(t, mps)
+	require.Len(t, daemonPIDs(t, e, uuid), 1)
+	out, err := exec.Command(tesseraNode(t), "mps-cleanup", "--mps-root="+e.mpsRoot, "--fake").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), uuid, "names the GPUs it stopped")
+	assert.Empty(t, daemonPIDs(t, e, uuid), "no daemon after the cleanup")
+	k.mustUnprepare(t, mps)
 	p.stop(t)
 }
