@@ -1,23 +1,23 @@
 package realnode
 
 import (
-	"archive/tar"
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/tessera-gpu/tessera/internal/images"
 )
 
 // Image names. There is no registry: the images are built here as
-// docker-archive tars and imported into containerd; pods use
-// imagePullPolicy: Never.
+// docker-archive tars (internal/images, on go-containerregistry) and
+// imported into containerd; pods use imagePullPolicy: Never.
 const (
 	// BusyboxImage is Debian's busybox-static with every applet linked in
 	// /bin; its default command is sh.
@@ -29,7 +29,7 @@ const (
 
 // imageLayout is bumped whenever the way images are built changes, so that
 // cached tars are rebuilt.
-const imageLayout = "1"
+const imageLayout = "2"
 
 // pauseSource is the sandbox's pid 1: it sleeps until told to stop and
 // reaps the orphans of the pod's shared pid namespace.
@@ -58,21 +58,6 @@ func main() {
 	}
 }
 `
-
-type layerEntry struct {
-	name string // path in the image, without a leading slash
-	mode int64
-	data []byte
-	link string // symlink target
-	dir  bool
-}
-
-type imageConfig struct {
-	Env        []string `json:"Env,omitempty"`
-	Entrypoint []string `json:"Entrypoint,omitempty"`
-	Cmd        []string `json:"Cmd,omitempty"`
-	WorkingDir string   `json:"WorkingDir,omitempty"`
-}
 
 // buildImages returns the tars of the busybox and pause images, building
 // them into cacheDir/images when absent.
@@ -106,19 +91,19 @@ func busyboxTar(dir string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("busybox --list: %w", err)
 	}
-	entries := baseDirs()
-	entries = append(entries, layerEntry{name: "bin/busybox", mode: 0o755, data: bin})
+	files := baseDirs()
+	files = append(files, images.File{Path: "bin/busybox", Mode: 0o755, Data: bin})
 	for applet := range strings.FieldsSeq(string(list)) {
 		if applet != "busybox" {
-			entries = append(entries, layerEntry{name: "bin/" + applet, link: "busybox"})
+			files = append(files, images.File{Path: "bin/" + applet, Link: "busybox"})
 		}
 	}
-	entries = append(entries,
-		layerEntry{name: "etc/passwd", mode: 0o644, data: []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")},
-		layerEntry{name: "etc/group", mode: 0o644, data: []byte("root:x:0:\nnogroup:x:65534:\n")},
+	files = append(files,
+		images.File{Path: "etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")},
+		images.File{Path: "etc/group", Mode: 0o644, Data: []byte("root:x:0:\nnogroup:x:65534:\n")},
 	)
-	cfg := imageConfig{Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, Cmd: []string{"sh"}}
-	return out, writeDockerArchive(out, BusyboxImage, cfg, entries)
+	cfg := v1.Config{Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, Cmd: []string{"sh"}}
+	return out, images.WriteDockerArchive(out, BusyboxImage, cfg, files)
 }
 
 func pauseTar(dir string) (string, error) {
@@ -152,8 +137,8 @@ func pauseTar(dir string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("reading pause binary: %w", err)
 	}
-	entries := append(baseDirs(), layerEntry{name: "pause", mode: 0o755, data: bin})
-	return out, writeDockerArchive(out, PauseImage, imageConfig{Entrypoint: []string{"/pause"}}, entries)
+	files := append(baseDirs(), images.File{Path: "pause", Mode: 0o755, Data: bin})
+	return out, images.WriteDockerArchive(out, PauseImage, v1.Config{Entrypoint: []string{"/pause"}}, files)
 }
 
 // goTool finds the go command that runs the tests.
@@ -168,96 +153,10 @@ func goTool() (string, error) {
 
 // baseDirs are the directories a container runtime expects to find or
 // mount onto.
-func baseDirs() []layerEntry {
-	var e []layerEntry
+func baseDirs() []images.File {
+	var e []images.File
 	for _, d := range []string{"bin", "dev", "etc", "proc", "sys", "root", "var", "usr", "usr/bin"} {
-		e = append(e, layerEntry{name: d, dir: true, mode: 0o755})
+		e = append(e, images.File{Path: d, Dir: true, Mode: 0o755})
 	}
-	return append(e, layerEntry{name: "tmp", dir: true, mode: 0o1777})
-}
-
-// writeDockerArchive writes a one-layer image in the format of
-// `docker save` (manifest.json, config, layer.tar), which `ctr images
-// import` reads.
-func writeDockerArchive(out, ref string, cfg imageConfig, entries []layerEntry) error {
-	epoch := time.Unix(0, 0).UTC()
-	var layer bytes.Buffer
-	lw := tar.NewWriter(&layer)
-	for _, e := range entries {
-		h := &tar.Header{Name: e.name, Mode: e.mode, ModTime: epoch, Format: tar.FormatPAX}
-		switch {
-		case e.dir:
-			h.Typeflag, h.Name = tar.TypeDir, e.name+"/"
-		case e.link != "":
-			h.Typeflag, h.Linkname, h.Mode = tar.TypeSymlink, e.link, 0o777
-		default:
-			h.Typeflag, h.Size = tar.TypeReg, int64(len(e.data))
-		}
-		if err := lw.WriteHeader(h); err != nil {
-			return fmt.Errorf("layer entry %s: %w", e.name, err)
-		}
-		if h.Typeflag == tar.TypeReg {
-			if _, err := lw.Write(e.data); err != nil {
-				return fmt.Errorf("layer entry %s: %w", e.name, err)
-			}
-		}
-	}
-	if err := lw.Close(); err != nil {
-		return fmt.Errorf("closing layer: %w", err)
-	}
-	diffID := sha256.Sum256(layer.Bytes())
-	config, err := json.Marshal(map[string]any{
-		"architecture": runtime.GOARCH,
-		"os":           "linux",
-		"created":      epoch.Format(time.RFC3339),
-		"config":       cfg,
-		"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + hex.EncodeToString(diffID[:])}},
-		"history":      []map[string]string{{"created": epoch.Format(time.RFC3339), "created_by": "tessera test/realnode"}},
-	})
-	if err != nil {
-		return fmt.Errorf("encoding image config: %w", err)
-	}
-	configSum := sha256.Sum256(config)
-	configName := hex.EncodeToString(configSum[:]) + ".json"
-	manifest, err := json.Marshal([]map[string]any{{
-		"Config":   configName,
-		"RepoTags": []string{ref},
-		"Layers":   []string{"layer.tar"},
-	}})
-	if err != nil {
-		return fmt.Errorf("encoding manifest: %w", err)
-	}
-
-	tmp := out + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return fmt.Errorf("creating %s: %w", tmp, err)
-	}
-	defer os.Remove(tmp)
-	tw := tar.NewWriter(f)
-	for _, file := range []struct {
-		name string
-		data []byte
-	}{{"layer.tar", layer.Bytes()}, {configName, config}, {"manifest.json", manifest}} {
-		h := &tar.Header{Name: file.name, Mode: 0o644, Size: int64(len(file.data)), ModTime: epoch, Typeflag: tar.TypeReg}
-		if err := tw.WriteHeader(h); err != nil {
-			f.Close()
-			return fmt.Errorf("archive entry %s: %w", file.name, err)
-		}
-		if _, err := tw.Write(file.data); err != nil {
-			f.Close()
-			return fmt.Errorf("archive entry %s: %w", file.name, err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		f.Close()
-		return fmt.Errorf("closing archive: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("writing %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, out); err != nil {
-		return fmt.Errorf("storing %s: %w", out, err)
-	}
-	return nil
+	return append(e, images.File{Path: "tmp", Dir: true, Mode: 0o1777})
 }
