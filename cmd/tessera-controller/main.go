@@ -24,6 +24,7 @@ import (
 	"github.com/tessera-gpu/tessera/controller/core"
 	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/internal/assignment"
+	"github.com/tessera-gpu/tessera/internal/version"
 )
 
 type options struct {
@@ -190,7 +191,7 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	klog.InfoS("Starting tessera-controller", "identity", c.Identity(), "leaderElect", o.leaderElect,
+	klog.InfoS("Starting tessera-controller", "version", version.Version, "identity", c.Identity(), "leaderElect", o.leaderElect,
 		"interval", o.interval, "placement", o.placement, "consolidation", o.consolidation, "qps", o.qps, "burst", o.burst)
 	return c.Run(ctx)
 }

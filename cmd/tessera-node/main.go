@@ -35,6 +35,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/assignment"
 	"github.com/tessera-gpu/tessera/internal/gpufault"
 	"github.com/tessera-gpu/tessera/internal/killpoint"
+	"github.com/tessera-gpu/tessera/internal/version"
 	"github.com/tessera-gpu/tessera/sharing"
 )
 
@@ -223,7 +224,7 @@ func run(ctx context.Context, c config) error {
 			return err
 		}
 	}
-	logger.Info("Started", "node", c.nodeName, "fakeGPUs", c.fakeGPUs, "devicePlugin", c.devicePlugin, "duration", time.Since(start))
+	logger.Info("Started", "version", version.Version, "node", c.nodeName, "fakeGPUs", c.fakeGPUs, "devicePlugin", c.devicePlugin, "duration", time.Since(start))
 	err = armKillPoint(logger)
 	if err == nil {
 		err = armGPUFaults(ctx, logger, fake)
