@@ -98,7 +98,8 @@ type Manager struct {
 	wg     sync.WaitGroup
 
 	regMu      sync.Mutex
-	registered int // successful registration rounds, for tests
+	registered int  // successful registration rounds, for tests
+	current    bool // registered with the kubelet now running (for the metrics)
 }
 
 // Start reconciles the ledger against the node's pods, serves the plugins'
@@ -210,6 +211,21 @@ func (m *Manager) Registrations() int {
 	return m.registered
 }
 
+// Registered reports whether both plugins are registered with the kubelet
+// whose socket is there now: false before the first registration, after a
+// failed one, and while kubelet.sock is gone.
+func (m *Manager) Registered() bool {
+	m.regMu.Lock()
+	defer m.regMu.Unlock()
+	return m.current
+}
+
+func (m *Manager) setCurrent(on bool) {
+	m.regMu.Lock()
+	m.current = on
+	m.regMu.Unlock()
+}
+
 // run serves and registers the plugins, and does it again when the kubelet
 // restarts: kubelet.sock replaced, or our sockets removed (the kubelet
 // deletes the directory's sockets when it starts), as NVIDIA's device
@@ -231,6 +247,7 @@ func (m *Manager) run(ctx context.Context) {
 				logger.Info("Kubelet socket gone; waiting for the kubelet", "socket", kubeletSock)
 			}
 			kubelet = nil
+			m.setCurrent(false)
 		// A new kubelet.sock may reuse the old inode: compare the
 		// modification time too.
 		case kubelet == nil || !os.SameFile(kubelet, cur) || !cur.ModTime().Equal(kubelet.ModTime()) || m.socketsMissing():
@@ -240,6 +257,7 @@ func (m *Manager) run(ctx context.Context) {
 			if err := m.serveAndRegister(ctx, kubeletSock); err != nil {
 				logger.Error(err, "Registering device plugins; retrying")
 				kubelet = nil
+				m.setCurrent(false)
 			} else {
 				kubelet = cur
 			}
@@ -276,6 +294,7 @@ func (m *Manager) serveAndRegister(ctx context.Context, kubeletSock string) erro
 	}
 	m.regMu.Lock()
 	m.registered++
+	m.current = true
 	m.regMu.Unlock()
 	return nil
 }

@@ -296,6 +296,24 @@ func TestKubeletRestart(t *testing.T) {
 	assert.Eventually(t, func() bool { return e.mgr.Registrations() >= 3 }, 5*time.Second, 10*time.Millisecond)
 }
 
+// TestRegisteredFollowsKubelet: Registered (tessera_node_plugin_registered
+// {plugin="deviceplugin"}, alerted on by the chart) is true once both
+// plugins registered, false while kubelet.sock is gone, and true again when
+// a new kubelet's socket appears and the plugins register with it.
+func TestRegisteredFollowsKubelet(t *testing.T) {
+	e := newEnv(t)
+	waitRegistered(t, e.kubelet, 1)
+	require.Eventually(t, e.mgr.Registered, 5*time.Second, 10*time.Millisecond, "registered with the first kubelet")
+
+	e.kubelet.srv.Stop() // closing the listener unlinks kubelet.sock
+	_ = os.Remove(filepath.Join(e.dpDir, "kubelet.sock"))
+	require.Eventually(t, func() bool { return !e.mgr.Registered() }, 5*time.Second, 10*time.Millisecond, "not registered without a kubelet")
+
+	k2 := startKubelet(t, e.dpDir)
+	waitRegistered(t, k2, 1)
+	require.Eventually(t, e.mgr.Registered, 5*time.Second, 10*time.Millisecond, "registered with the new kubelet")
+}
+
 func allocate(ctx context.Context, c pluginapi.DevicePluginClient, ids ...string) (*pluginapi.ContainerAllocateResponse, error) {
 	resp, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: ids}}}, grpc.WaitForReady(true))
 	if err != nil {

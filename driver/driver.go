@@ -21,12 +21,14 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	"github.com/tessera-gpu/tessera/cdi"
@@ -112,6 +114,10 @@ type Driver struct {
 	ctx       context.Context
 	cancel    context.CancelCauseFunc
 	wg        sync.WaitGroup
+
+	// registered is the kubelet's last NotifyRegistrationStatus verdict on
+	// the DRA plugin (false until it calls).
+	registered atomic.Bool
 }
 
 var _ kubeletplugin.DRAPlugin = &Driver{}
@@ -216,12 +222,17 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		go func() { defer d.wg.Done(); mps.Supervise(d.ctx) }()
 	}
 
+	d.metrics.initLabels()
+	if opts.Registerer != nil {
+		opts.Registerer.MustRegister(PluginRegistered("dra", d.registered.Load))
+	}
 	d.helper, err = kubeletplugin.Start(d.ctx, d,
 		kubeletplugin.DriverName(DriverName),
 		kubeletplugin.KubeClient(opts.KubeClient),
 		kubeletplugin.NodeName(opts.NodeName),
 		kubeletplugin.RegistrarDirectoryPath(opts.RegistrarDir),
 		kubeletplugin.PluginDataDirectoryPath(opts.PluginDataDir),
+		kubeletplugin.GRPCInterceptor(d.watchRegistration),
 	)
 	if err != nil {
 		d.cancel(err)
@@ -251,6 +262,18 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	d.ready.Store(true)
 	logger.Info("Tessera DRA plugin started", "node", opts.NodeName, "gpus", len(devs), "checkpoint", opts.CheckpointPath, "preparedClaims", len(d.ckpt.Claims))
 	return d, nil
+}
+
+// watchRegistration records the kubelet's registration verdict for the
+// metrics: the helper's own RegistrationStatus is read without a lock.
+func (d *Driver) watchRegistration(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if st, ok := req.(*registerapi.RegistrationStatus); ok {
+		d.registered.Store(st.PluginRegistered)
+		if !st.PluginRegistered {
+			klog.FromContext(ctx).Error(nil, "The kubelet did not register the DRA plugin", "error", st.Error)
+		}
+	}
+	return handler(ctx, req)
 }
 
 func oneOfStrategies(s v1alpha1.SharingStrategy) bool {

@@ -86,3 +86,31 @@ func newMetrics(reg prometheus.Registerer, mpsDaemons, mpsRestarts func() float6
 	}
 	return m
 }
+
+// initLabels makes the series of every known label value, at 0, so that
+// rate() and the chart's dashboard see them before the first event.
+func (m *metrics) initLabels() {
+	for _, r := range []string{OrphanGone, OrphanReplaced, OrphanDeallocated} {
+		m.orphansUnprepared.WithLabelValues(r)
+	}
+}
+
+// Names of metrics registered outside newMetrics, kept in this file with
+// the others.
+const (
+	pluginRegisteredName = "tessera_node_plugin_registered"
+	pluginRegisteredHelp = "1 while the kubelet has this plugin registered (plugin: dra, or deviceplugin for both device plugins), else 0."
+)
+
+// PluginRegistered is the gauge of a plugin's registration with the kubelet
+// (plugin "dra", or "deviceplugin").
+func PluginRegistered(plugin string, registered func() bool) prometheus.GaugeFunc {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: pluginRegisteredName, Help: pluginRegisteredHelp, ConstLabels: prometheus.Labels{"plugin": plugin},
+	}, func() float64 {
+		if registered() {
+			return 1
+		}
+		return 0
+	})
+}

@@ -223,6 +223,8 @@ func run(ctx context.Context, c config) error {
 			}
 			return err
 		}
+		// One gauge for both device plugins: they register together.
+		reg.MustRegister(driver.PluginRegistered("deviceplugin", plugins.Registered))
 	}
 	logger.Info("Started", "version", version.Version, "node", c.nodeName, "fakeGPUs", c.fakeGPUs, "devicePlugin", c.devicePlugin, "duration", time.Since(start))
 	err = armKillPoint(logger)

@@ -13,14 +13,18 @@ type Metrics struct {
 	queueFairShare *prometheus.GaugeVec
 	queueAllocated *prometheus.GaugeVec
 	queuePending   *prometheus.GaugeVec
-	pendingPods    prometheus.Gauge
-	cycle          prometheus.Histogram
-	decide         prometheus.Histogram
-	action         *prometheus.HistogramVec
-	binds          prometheus.Counter
-	evictions      *prometheus.CounterVec
-	apiErrors      prometheus.Counter
-	bindFailures   prometheus.Counter
+	queueQuota     *prometheus.GaugeVec
+	// queues are the queues of the last commit, whose series a commit
+	// without them deletes (a deleted Queue must not look starved forever).
+	queues       map[string]bool
+	pendingPods  prometheus.Gauge
+	cycle        prometheus.Histogram
+	decide       prometheus.Histogram
+	action       *prometheus.HistogramVec
+	binds        prometheus.Counter
+	evictions    *prometheus.CounterVec
+	apiErrors    prometheus.Counter
+	bindFailures prometheus.Counter
 	// Device-plugin pods: assignments not trusted, and node records that
 	// disagree with the assignment (devicePluginPlacement).
 	assignmentsIgnored *prometheus.CounterVec
@@ -35,6 +39,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		queueFairShare: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tessera_queue_fair_share", Help: "Fair share of a queue per resource (GPUs, CPU cores, memory bytes)."}, queueLabels),
 		queueAllocated: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tessera_queue_allocated", Help: "What a queue's pods hold per resource."}, queueLabels),
 		queuePending:   prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tessera_queue_pending", Help: "What a queue's pending pods ask for per resource."}, queueLabels),
+		queueQuota:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tessera_queue_quota", Help: "Guaranteed amount of a queue per resource (-1: unlimited)."}, queueLabels),
 		pendingPods:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "tessera_pending_pods", Help: "Pods waiting for tessera-scheduler."}),
 		cycle:          prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tessera_cycle_duration_seconds", Help: "Duration of a whole scheduling cycle (snapshot, decide, commit, status).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
 		decide:         prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tessera_decide_duration_seconds", Help: "Duration of the scheduling core's part of a cycle.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
@@ -50,7 +55,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		fenced: prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_fenced_commits_total",
 			Help: "Commits stopped before a write because the leader Lease was no longer surely ours (the replica then steps down)."}),
 	}
-	reg.MustRegister(m.queueFairShare, m.queueAllocated, m.queuePending, m.pendingPods, m.cycle, m.decide, m.action, m.binds, m.evictions, m.apiErrors, m.bindFailures,
+	// Every evicting action from the start, so that rate() and the
+	// dashboard see zeros rather than no series before the first eviction.
+	for _, a := range []core.Action{core.ActionPreempt, core.ActionReclaim, core.ActionConsolidate, core.ActionStaleGang} {
+		m.evictions.WithLabelValues(string(a))
+	}
+	reg.MustRegister(m.queueFairShare, m.queueAllocated, m.queuePending, m.queueQuota, m.pendingPods, m.cycle, m.decide, m.action, m.binds, m.evictions, m.apiErrors, m.bindFailures,
 		m.assignmentsIgnored, m.nodeDisagreements, m.fenced)
 	return m
 }
@@ -90,16 +100,35 @@ func (m *Metrics) observeCommit(res *core.Result, idx *cycleIndex, st *commitSta
 	m.apiErrors.Add(float64(st.apiErrors.Load()))
 	m.bindFailures.Add(float64(len(st.failed)))
 	m.pendingPods.Set(float64(len(res.Pending) + len(idx.problems) + len(st.failed) + len(st.waiting)))
+	seen := make(map[string]bool, len(res.Queues))
 	for name, q := range res.Queues {
 		if name == externalQueue {
 			continue
 		}
+		seen[name] = true
 		for r := core.Resource(0); r < core.NumResources; r++ {
 			m.queueFairShare.WithLabelValues(name, r.String()).Set(quantity(r, q.FairShare[r]))
 			m.queueAllocated.WithLabelValues(name, r.String()).Set(quantity(r, q.Allocated[r]))
 			m.queuePending.WithLabelValues(name, r.String()).Set(quantity(r, q.Pending[r]))
+			m.queueQuota.WithLabelValues(name, r.String()).Set(limitQuantity(r, q.Quota[r]))
 		}
 	}
+	for name := range m.queues {
+		if !seen[name] {
+			for _, v := range []*prometheus.GaugeVec{m.queueFairShare, m.queueAllocated, m.queuePending, m.queueQuota} {
+				v.DeletePartialMatch(prometheus.Labels{"queue": name})
+			}
+		}
+	}
+	m.queues = seen
+}
+
+// limitQuantity is quantity for a quota or limit, keeping -1 (unlimited).
+func limitQuantity(r core.Resource, v int64) float64 {
+	if v < 0 {
+		return -1
+	}
+	return quantity(r, v)
 }
 
 // observeDurations records how long the cycle and its actions took, once
