@@ -584,3 +584,97 @@ func TestHelmLeaderElectionOff(t *testing.T) {
 	dep = find[*appsv1.Deployment](render(t), "tessera-controller")
 	require.NotEqual(t, appsv1.RecreateDeploymentStrategyType, dep.Spec.Strategy.Type)
 }
+
+// TestHelmTemplateMonitoring: the Prometheus Operator and Grafana objects
+// render only when asked. ServiceMonitors select the metrics Services by
+// the labels those carry and their port; PodMonitors select the pods; the
+// PrometheusRule holds exactly the groups of files/prometheus-rules.yaml
+// (the plain rule file) with a "for" overridden by value; the dashboard
+// ConfigMap holds dashboards/tessera.json byte for byte under the sidecar's
+// label. Contradictory values are refused with a message naming them.
+func TestHelmTemplateMonitoring(t *testing.T) {
+	kinds := func(objs []runtime.Object) map[string][]string {
+		out := map[string][]string{}
+		for _, o := range objs {
+			if u, ok := o.(*unstructured.Unstructured); ok && u.GetAPIVersion() == "monitoring.coreos.com/v1" {
+				out[u.GetKind()] = append(out[u.GetKind()], u.GetName())
+			}
+		}
+		return out
+	}
+	off := render(t)
+	require.Empty(t, kinds(off), "nothing of the operator by default")
+	require.Nil(t, find[*corev1.ConfigMap](off, "tessera-dashboard"))
+
+	objs := render(t, "--set", "monitoring.serviceMonitor.enabled=true", "--set", "monitoring.prometheusRule.enabled=true",
+		"--set", "monitoring.prometheusRule.for.TesseraQueueStarvedBelowQuota=30m", "--set", "monitoring.grafanaDashboard.enabled=true",
+		"--set", "monitoring.grafanaDashboard.folder=GPUs", "--set", "monitoring.labels.release=kps")
+	require.Equal(t, map[string][]string{"ServiceMonitor": {"tessera-controller", "tessera-node"}, "PrometheusRule": {"tessera"}}, kinds(objs))
+	for _, name := range []string{"tessera-controller", "tessera-node"} {
+		sm := find[*unstructured.Unstructured](objs, name)
+		require.Equal(t, "kps", sm.GetLabels()["release"])
+		svc := find[*corev1.Service](objs, name+"-metrics")
+		require.NotNil(t, svc)
+		sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
+		for k, v := range sel {
+			require.Equal(t, v, svc.Labels[k], "ServiceMonitor %s selects Service %s by %s", name, svc.Name, k)
+		}
+		eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+		require.Len(t, eps, 1)
+		require.Equal(t, svc.Spec.Ports[0].Name, eps[0].(map[string]any)["port"])
+	}
+
+	rule := find[*unstructured.Unstructured](objs, "tessera")
+	groups, _, _ := unstructured.NestedSlice(rule.Object, "spec", "groups")
+	plain, err := os.ReadFile("tessera/files/prometheus-rules.yaml")
+	require.NoError(t, err)
+	var file struct {
+		Groups []any `json:"groups"`
+	}
+	require.NoError(t, utilyaml.Unmarshal(plain, &file))
+	starved := file.Groups[0].(map[string]any)["rules"].([]any)[0].(map[string]any)
+	require.Equal(t, "TesseraQueueStarvedBelowQuota", starved["alert"])
+	require.Equal(t, "15m", starved["for"])
+	starved["for"] = "30m" // the one change the value asked for
+	require.Equal(t, file.Groups, groups, "the PrometheusRule holds the plain file's groups")
+
+	cm := find[*corev1.ConfigMap](objs, "tessera-dashboard")
+	require.NotNil(t, cm)
+	require.Equal(t, "1", cm.Labels["grafana_dashboard"])
+	require.Equal(t, "GPUs", cm.Annotations["grafana_folder"])
+	dash, err := os.ReadFile("tessera/dashboards/tessera.json")
+	require.NoError(t, err)
+	require.JSONEq(t, string(dash), cm.Data["tessera.json"])
+	require.Equal(t, strings.TrimSpace(string(dash)), cm.Data["tessera.json"])
+
+	pods := render(t, "--set", "monitoring.podMonitor.enabled=true", "--set", "node.metrics.service=false", "--set", "controller.metrics.service=false")
+	require.Equal(t, map[string][]string{"PodMonitor": {"tessera-controller", "tessera-node"}}, kinds(pods))
+	pm := find[*unstructured.Unstructured](pods, "tessera-node")
+	sel, _, _ := unstructured.NestedStringMap(pm.Object, "spec", "selector", "matchLabels")
+	ds := find[*appsv1.DaemonSet](pods, "tessera-node")
+	for k, v := range sel {
+		require.Equal(t, v, ds.Spec.Template.Labels[k], "PodMonitor selects tessera-node's pods by %s", k)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--set", "monitoring.serviceMonitor.enabled=true", "--set", "monitoring.podMonitor.enabled=true"}, "choose one"},
+		{[]string{"--set", "monitoring.serviceMonitor.enabled=true", "--set", "node.metrics.service=false"}, "needs the tessera-node metrics Service (node.metrics.service=true)"},
+		{[]string{"--set", "monitoring.prometheusRule.enabled=true", "--set", "monitoring.prometheusRule.for.TesseraTypo=5m"}, `monitoring.prometheusRule.for names "TesseraTypo", which is not an alert`},
+	} {
+		cmd := exec.Command(helm(t), append([]string{"template", "tessera", chartDir, "--namespace", namespace}, tc.args...)...)
+		cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
+		out, err := cmd.CombinedOutput()
+		require.Error(t, err, "%v must not render", tc.args)
+		require.Contains(t, string(out), tc.want)
+	}
+}
+
+// TestHelmLintMonitoring: helm lint passes with every monitoring object on.
+func TestHelmLintMonitoring(t *testing.T) {
+	out := runHelm(t, "lint", "--strict", chartDir, "--set", "monitoring.serviceMonitor.enabled=true",
+		"--set", "monitoring.prometheusRule.enabled=true", "--set", "monitoring.grafanaDashboard.enabled=true")
+	require.Contains(t, out, "0 chart(s) failed", out)
+}
