@@ -31,8 +31,10 @@ func FakeGPUNode(name, profile string, labels map[string]string) (*corev1.Node, 
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
 		Status: corev1.NodeStatus{Capacity: corev1.ResourceList{
 			corev1.ResourceCPU: resource.MustParse("96"), corev1.ResourceMemory: resource.MustParse("1Ti"), corev1.ResourcePods: resource.MustParse("110"),
-			assignment.DefaultResourceGPU: *resource.NewQuantity(n, resource.DecimalSI),
-			assignment.ResourceShare:      *resource.NewQuantity(n*deviceplugin.DefaultShareSlots, resource.DecimalSI),
+			// A kubelet reports its disk; MPIJob's launcher asks for 5Gi of it.
+			corev1.ResourceEphemeralStorage: resource.MustParse("2Ti"),
+			assignment.DefaultResourceGPU:   *resource.NewQuantity(n, resource.DecimalSI),
+			assignment.ResourceShare:        *resource.NewQuantity(n*deviceplugin.DefaultShareSlots, resource.DecimalSI),
 		}},
 	}, nil
 }

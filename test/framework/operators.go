@@ -194,7 +194,13 @@ func StartOperatorIn(t testing.TB, cp *controlplane.ControlPlane, operatorsDir, 
 	}
 	env := append([]string{"KUBECONFIG=" + cp.KubeconfigPath}, setup.env...)
 	op.Child = cp.StartChild(t, controlplane.ChildOptions{Name: name, Bin: bin, Args: setup.args, Env: env})
-	if err := op.waitReady(ctx, setup.webhooks, pki); err != nil {
+	var paths []string
+	if setup.webhooks {
+		if paths, err = webhookPaths(filepath.Join(dir, "webhook")); err != nil {
+			t.Fatalf("%s webhooks: %v", name, err)
+		}
+	}
+	if err := op.waitReady(ctx, paths, pki); err != nil {
 		t.Fatalf("%s: %v; last lines of its log:\n%s", name, err, op.Tail(30))
 	}
 	return op
@@ -358,9 +364,11 @@ func lockFixedCertDir(path, name string, wait time.Duration) (*os.File, error) {
 	return f, nil
 }
 
-// waitReady waits until /readyz answers 200 and, with webhooks, the
-// webhook server serves the harness's cert on its address.
-func (op *Operator) waitReady(ctx context.Context, webhooks bool, pki *webhookPKI) error {
+// waitReady waits until /readyz answers 200 and, with webhooks (their
+// paths), the webhook server serves the harness's cert on its address and
+// has every path registered: JobSet, for one, starts its server before it
+// registers its webhooks, and the API server's calls then fail with 404.
+func (op *Operator) waitReady(ctx context.Context, paths []string, pki *webhookPKI) error {
 	hc := &http.Client{Timeout: 2 * time.Second}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(pki.caPEM)
@@ -369,8 +377,11 @@ func (op *Operator) waitReady(ctx context.Context, webhooks bool, pki *webhookPK
 			return fmt.Errorf("exited with code %d before it was ready", code)
 		}
 		err := probeHTTP(hc, "http://"+op.HealthAddr+"/readyz")
-		if err == nil && webhooks {
+		if err == nil && len(paths) > 0 {
 			err = probeTLS(op.WebhookAddr, pool)
+		}
+		if err == nil && len(paths) > 0 {
+			err = probeWebhookPaths(op.WebhookAddr, paths, pool)
 		}
 		if err == nil {
 			return nil
@@ -391,6 +402,27 @@ func probeHTTP(hc *http.Client, url string) error {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+// probeWebhookPaths posts an empty object to each webhook path: a
+// registered webhook answers (an AdmissionReview refusing it, or 400), an
+// unregistered path 404.
+func probeWebhookPaths(addr string, paths []string, pool *x509.CertPool) error {
+	host, _, _ := net.SplitHostPort(addr)
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: host, MinVersion: tls.VersionTLS12}}}
+	defer hc.CloseIdleConnections()
+	for _, path := range paths {
+		resp, err := hc.Post("https://"+addr+path, "application/json", strings.NewReader("{}"))
+		if err != nil {
+			return fmt.Errorf("webhook %s: %w", path, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusNotFound {
+			return fmt.Errorf("webhook %s: not registered yet (%s)", path, resp.Status)
+		}
 	}
 	return nil
 }

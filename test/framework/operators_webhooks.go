@@ -159,6 +159,30 @@ func applyWebhooks(ctx context.Context, dyn dynamic.Interface, name, dir, url st
 	return nil
 }
 
+// webhookPaths are the paths of every webhook the release's configurations
+// in dir call.
+func webhookPaths(dir string) ([]string, error) {
+	objs, err := loadWebhookConfigs(dir)
+	if err != nil {
+		return nil, err
+	}
+	var paths []string
+	for _, u := range objs {
+		hooks, _, err := unstructured.NestedSlice(u.Object, "webhooks")
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %w", u.GetKind(), u.GetName(), err)
+		}
+		for _, h := range hooks {
+			if m, ok := h.(map[string]any); ok {
+				if path, _, _ := unstructured.NestedString(m, "clientConfig", "service", "path"); path != "" {
+					paths = append(paths, path)
+				}
+			}
+		}
+	}
+	return paths, nil
+}
+
 func loadWebhookConfigs(dir string) ([]*unstructured.Unstructured, error) {
 	data, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
 	if err != nil {

@@ -87,6 +87,26 @@ func PyTorchJob(ns, name string, workers int, pod PodShape) Workload {
 	}
 }
 
+// MPIJob is a Kubeflow training-operator MPIJob (kubeflow.org/v1) of one
+// launcher (launcher's shape) and workers workers (worker's shape). The
+// operator creates the launcher at once, beside the workers, not after
+// them: so launcher and workers can be one gang.
+func MPIJob(ns, name string, launcher PodShape, workers int, worker PodShape) Workload {
+	replica := func(n int, pod PodShape, container string) map[string]any {
+		return map[string]any{"replicas": int64(n), "restartPolicy": "Never", "template": pod.podTemplate(container)}
+	}
+	spec := map[string]any{"slotsPerWorker": int64(1), "mpiReplicaSpecs": map[string]any{
+		"Launcher": replica(1, launcher, "mpi-launcher"), "Worker": replica(workers, worker, "mpi-worker"),
+	}}
+	return Workload{
+		Object:      object("kubeflow.org/v1", "MPIJob", ns, name, spec),
+		GVR:         schema.GroupVersionResource{Group: "kubeflow.org", Version: "v1", Resource: "mpijobs"},
+		Controller:  TrainingOperator,
+		PodSelector: "training.kubeflow.org/job-name=" + name,
+		Pods:        1 + workers,
+	}
+}
+
 // JobSetOf is a JobSet with one replicated job per entry of parallelism,
 // each one replica of a Job running that many pods at once.
 func JobSetOf(ns, name string, parallelism []int, pod PodShape) Workload {

@@ -5,17 +5,15 @@ import (
 	"testing"
 	"time"
 
-	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
-	schedulingv1alpha3 "k8s.io/api/scheduling/v1alpha3"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/controller/core"
-	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/test/controlplane"
+	"github.com/tessera-gpu/tessera/test/framework"
 )
 
 // upstreamGroup creates a scheduling.k8s.io/v1beta1 PodGroup: a gang of
@@ -210,27 +208,9 @@ func TestUpstreamGangs(t *testing.T) {
 		e.createPod(podSpec{name: "job-filler", queue: "team-b", priority: "tessera-build", claim: &gpuClaim{count: 4}})
 		e.waitBound("job-filler")
 		tmpl := e.claimTemplate("job-worker", gpuClaim{count: 2})
-		job := &batchv1.Job{
-			ObjectMeta: metav1.ObjectMeta{Name: "llama", Namespace: e.ns},
-			Spec: batchv1.JobSpec{
-				Parallelism: ptr.To[int32](3), Completions: ptr.To[int32](3),
-				CompletionMode: ptr.To(batchv1.IndexedCompletion),
-				Scheduling: &batchv1.JobSchedulingConfiguration{SchedulingPolicy: &schedulingv1alpha3.WorkloadPodGroupSchedulingPolicy{
-					Gang: &schedulingv1alpha3.WorkloadPodGroupGangSchedulingPolicy{MinCount: ptr.To[int32](3)}}},
-				Template: v1.PodTemplateSpec{
-					ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{kube.LabelQueue: "team-a"}},
-					Spec: v1.PodSpec{
-						SchedulerName:     kube.SchedulerName,
-						PriorityClassName: "tessera-train",
-						RestartPolicy:     v1.RestartPolicyNever,
-						Containers: []v1.Container{{Name: "main", Image: "busybox",
-							Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}},
-						ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmpl}},
-						Tolerations:    []v1.Toleration{{Key: "kwok.x-k8s.io/node", Operator: v1.TolerationOpExists}},
-					},
-				},
-			},
-		}
+		// The manifest TestGangJobWithoutTheAPI (test/e2e/grouper) creates
+		// where the API is not served.
+		job := framework.GangJob(e.ns, "llama", 3, "team-a", tmpl, "tessera-train")
 		if _, err := e.client.BatchV1().Jobs(e.ns).Create(e.ctx, job, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}

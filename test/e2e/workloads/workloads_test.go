@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/controller/kube"
@@ -32,17 +33,27 @@ func TestGangs(t *testing.T) {
 		name      string
 		operators []string
 		workload  func(e *env) framework.Workload
+		// subGroups the grouper writes on the gang's PodGroup.
+		subGroups []string
 	}{
 		{"pytorchjob", []string{framework.TrainingOperator}, func(e *env) framework.Workload {
 			return framework.PyTorchJob(e.ns, "llama", 3, framework.PodShape{GPUs: 1, Labels: inTeamA}) // master + 3 workers × 1 GPU
-		}},
+		}, nil},
+		{"mpijob", []string{framework.TrainingOperator}, func(e *env) framework.Workload {
+			// The launcher asks for no GPU: without a gang it would bind alone.
+			return framework.MPIJob(e.ns, "mpi", framework.PodShape{Labels: inTeamA}, 2, framework.PodShape{GPUs: 2, Labels: inTeamA})
+		}, nil},
 		{"jobset", []string{framework.JobSet}, func(e *env) framework.Workload {
 			return framework.JobSetOf(e.ns, "js", []int{2, 2}, framework.PodShape{GPUs: 1, Labels: inTeamA}) // 2 replicated jobs × 2 pods × 1 GPU
-		}},
+		}, []string{"rj0-0", "rj1-0"}},
+		{"trainjob", []string{framework.JobSet, framework.Trainer}, func(e *env) framework.Workload {
+			e.trainingRuntime("torch")
+			return framework.TrainJob(e.ns, "tj", "torch", 2, 2) // 2 nodes × 2 GPUs, through trainer's JobSet
+		}, []string{"node-0"}},
 		{"raycluster", []string{framework.KubeRay}, func(e *env) framework.Workload {
 			// The head asks for no GPU: without a gang it would bind alone.
 			return framework.RayCluster(e.ns, "ray", framework.PodShape{Labels: inTeamA}, 2, framework.PodShape{GPUs: 2, Labels: inTeamA})
-		}},
+		}, []string{"head", "gpu"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -51,11 +62,58 @@ func TestGangs(t *testing.T) {
 			e.baseAndHold()
 			e.create(w)
 			e.waitAllPending(w, 2)
+			e.checkSubGroups(w, tc.subGroups)
 			e.holdNoneBound(w)
 			e.freeHold(w)
 			e.reclaimWholeGang(w, 2)
 		})
 	}
+}
+
+// trainingRuntime creates trainer's torch-distributed runtime as a
+// TrainingRuntime of the namespace whose pods are tessera-scheduler's, in
+// team-a (TrainJob has no field for either).
+func (e *env) trainingRuntime(name string) {
+	e.t.Helper()
+	rt, err := framework.TrainingRuntime(e.ops[framework.Trainer], e.ns, name, framework.SchedulerName, inTeamA)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := e.dyn.Resource(framework.TrainingRuntimeGVR).Namespace(e.ns).Create(e.ctx, rt, metav1.CreateOptions{}); err != nil {
+		e.t.Fatalf("creating TrainingRuntime %s: %v", name, err)
+	}
+}
+
+// checkSubGroups: the gang's PodGroup has exactly the subgroups want (none
+// when want is empty), and each pod names one of them.
+func (e *env) checkSubGroups(w framework.Workload, want []string) {
+	e.t.Helper()
+	pods := e.pods(w)
+	group := pods[0].Annotations[kube.AnnotationPodGroup]
+	pg, err := e.dyn.Resource(kube.PodGroupGVR).Namespace(e.ns).Get(e.ctx, group, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatalf("PodGroup %s: %v", group, err)
+	}
+	subs, _, _ := unstructured.NestedSlice(pg.Object, "spec", "subGroups")
+	var got []string
+	for _, s := range subs {
+		name, _, _ := unstructured.NestedString(s.(map[string]any), "name")
+		got = append(got, name)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		e.t.Fatalf("PodGroup %s subgroups %v; want %v", group, got, want)
+	}
+	known := map[string]bool{}
+	for _, s := range want {
+		known[s] = true
+	}
+	for _, p := range pods {
+		sub := p.Annotations[kube.AnnotationPodSubGroup]
+		if (len(want) == 0) != (sub == "") || (sub != "" && !known[sub]) {
+			e.t.Fatalf("pod %s names subgroup %q; the group has %v", p.Name, sub, want)
+		}
+	}
+	e.t.Logf("PodGroup %s: minMember %v, subgroups %v", group, pg.Object["spec"].(map[string]any)["minMember"], got)
 }
 
 // baseAndHold fills 6 of the 8 GPUs with team-a's pods: base (4 GPUs, not
@@ -191,6 +249,7 @@ func TestLeaderWorkerSet(t *testing.T) {
 		}
 		return false, fmt.Sprintf("groups bound whole %v, waiting whole %v, of %d", full, none, len(byGroup))
 	})
+	e.checkSubGroups(w, []string{"leader", "workers"})
 	for end := time.Now().Add(holdFor); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		if n := bound(e.lwsGroups(w)[waiting]); n > 0 {
 			e.t.Fatalf("%d pods of LWS group %s bound on 2 free GPUs", n, waiting)
