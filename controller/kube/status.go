@@ -179,20 +179,15 @@ func (s *Scheduler) reportPodGroups(ctx context.Context, res *core.Result, idx *
 		pg := ref.group
 		js := res.Jobs[job]
 		status := schedv1.PodGroupStatus{Scheduled: int32(js.Placed), Conditions: pg.Status.Conditions}
+		runningIn := map[string]int32{}
 		for _, key := range ref.pods {
 			if p := idx.pods[key]; p != nil && p.pod.Status.Phase == v1.PodRunning {
 				status.Running++
+				runningIn[p.pod.Annotations[AnnotationPodSubGroup]]++
 			}
 		}
 		cond := metav1.Condition{Type: schedv1.PodGroupConditionScheduled, ObservedGeneration: pg.Generation}
-		switch {
-		case status.Running >= pg.Spec.MinMember:
-			status.Phase = schedv1.PodGroupRunning
-		case status.Scheduled >= pg.Spec.MinMember:
-			status.Phase = schedv1.PodGroupScheduled
-		default:
-			status.Phase = schedv1.PodGroupPending
-		}
+		status.Phase = groupPhase(pg.Spec, js, status.Running, runningIn)
 		if status.Phase == schedv1.PodGroupPending {
 			cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Unschedulable", "waiting to be scheduled"
 			for _, key := range ref.pods {
@@ -202,7 +197,7 @@ func (s *Scheduler) reportPodGroups(ctx context.Context, res *core.Result, idx *
 				}
 			}
 		} else {
-			cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, "Scheduled", "at least minMember pods are placed"
+			cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, "Scheduled", "at least minMember pods are placed, and each subgroup's minMember"
 		}
 		conds := append([]metav1.Condition(nil), pg.Status.Conditions...)
 		meta.SetStatusCondition(&conds, cond)
@@ -226,6 +221,25 @@ func (s *Scheduler) reportPodGroups(ctx context.Context, res *core.Result, idx *
 		}
 		s.groupStatus[key] = status
 	}
+}
+
+// groupPhase is a PodGroup's phase: Running when minMember of its pods run
+// and so do each subgroup's minMember (runningIn counts running pods by the
+// subgroup they name); Scheduled when the core placed as many (its
+// BelowMinMember counts subgroups too); Pending otherwise. A gang whose
+// total is met but one subgroup is not (its leader gone) does not hold.
+func groupPhase(spec schedv1.PodGroupSpec, js core.JobStatus, running int32, runningIn map[string]int32) schedv1.PodGroupPhase {
+	subsRun := true
+	for _, sg := range spec.SubGroups {
+		subsRun = subsRun && runningIn[sg.Name] >= sg.MinMember
+	}
+	switch {
+	case running >= spec.MinMember && subsRun:
+		return schedv1.PodGroupRunning
+	case int32(js.Placed) >= spec.MinMember && !js.BelowMinMember:
+		return schedv1.PodGroupScheduled
+	}
+	return schedv1.PodGroupPending
 }
 
 // podGroupStatusEqual compares statuses ignoring condition timestamps.

@@ -9,11 +9,14 @@ import (
 type PodGroupPhase string
 
 const (
-	// PodGroupPending: fewer than minMember pods are placed.
+	// PodGroupPending: fewer than minMember pods are placed, or fewer than
+	// some subgroup's minMember.
 	PodGroupPending PodGroupPhase = "Pending"
-	// PodGroupScheduled: at least minMember pods are bound.
+	// PodGroupScheduled: at least minMember pods are bound, and each
+	// subgroup's minMember.
 	PodGroupScheduled PodGroupPhase = "Scheduled"
-	// PodGroupRunning: at least minMember pods are running.
+	// PodGroupRunning: at least minMember pods are running, and each
+	// subgroup's minMember.
 	PodGroupRunning PodGroupPhase = "Running"
 	// PodGroupFailed: the gang was evicted (for example, stale below minMember).
 	PodGroupFailed PodGroupPhase = "Failed"

@@ -7,6 +7,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/controller/core"
 	"github.com/tessera-gpu/tessera/controller/kube"
@@ -84,6 +85,28 @@ func TestSubGroups(t *testing.T) {
 	}
 	e.waitBound(names...)
 	e.checkNoDoubleAllocation()
+
+	// The phase counts subgroups: Running with all four running; once the
+	// leader is gone its three workers still meet the group's minMember
+	// (1), but not the leader subgroup's, so the gang is not Running.
+	e.waitGroupPhase("lws", "Running")
+	if err := e.client.CoreV1().Pods(e.ns).Delete(e.ctx, "lws-leader", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitGroupPhase("lws", "Pending")
+}
+
+// waitGroupPhase waits until Tessera's PodGroup name reports phase.
+func (e *env) waitGroupPhase(name, phase string) {
+	e.t.Helper()
+	e.eventually("PodGroup "+name+" phase "+phase, 30*time.Second, func() (bool, string) {
+		pg, err := e.dyn.Resource(kube.PodGroupGVR).Namespace(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		got, _, _ := unstructured.NestedString(pg.Object, "status", "phase")
+		return got == phase, "phase " + got
+	})
 }
 
 func sub(name string, minMember int64) any {
