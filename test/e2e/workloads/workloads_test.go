@@ -231,7 +231,7 @@ func TestLeaderWorkerSet(t *testing.T) {
 	var waiting string
 	e.eventually("one LWS group bound whole, the other waiting whole", 2*time.Minute, func() (bool, string) {
 		byGroup := e.lwsGroups(w)
-		var full, none []string
+		var full, none, partial []string
 		for g, pods := range byGroup {
 			switch n := bound(pods); {
 			case len(pods) == 2 && n == 2:
@@ -240,14 +240,16 @@ func TestLeaderWorkerSet(t *testing.T) {
 				pods[0].Annotations[kube.AnnotationPodGroup] != "":
 				none = append(none, g)
 			case n > 0 && n < len(pods):
-				e.t.Fatalf("LWS group %s partly bound: %d of %d", g, n, len(pods))
+				// A gang's binds are one API call per pod: seen between
+				// two of them, or stuck (then this times out saying so).
+				partial = append(partial, fmt.Sprintf("%s (%d of %d)", g, n, len(pods)))
 			}
 		}
 		if len(full) == 1 && len(none) == 1 {
 			waiting = none[0]
 			return true, ""
 		}
-		return false, fmt.Sprintf("groups bound whole %v, waiting whole %v, of %d", full, none, len(byGroup))
+		return false, fmt.Sprintf("groups bound whole %v, waiting whole %v, partly bound %v, of %d", full, none, partial, len(byGroup))
 	})
 	e.checkSubGroups(w, []string{"leader", "workers"})
 	for end := time.Now().Add(holdFor); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
