@@ -38,6 +38,9 @@ type Options struct {
 	// FeatureGates for the kubelet; controlplane.DefaultFeatureGates are
 	// always set, these override them.
 	FeatureGates map[string]bool
+	// KubeletArgs are appended to the kubelet's command line (e.g.
+	// --vmodule=dra_plugin=4 logs every NodePrepareResources call).
+	KubeletArgs []string
 	// ReadyTimeout bounds the wait for the Node to be Ready (default 2m).
 	ReadyTimeout time.Duration
 	// AfterTeardown, when set, runs at the end of the teardown while the
@@ -217,12 +220,22 @@ func (n *Node) start(opts Options, kubeconfig string) error {
 		}
 		args = append(args, "--node-labels", strings.Join(l, ","))
 	}
+	args = append(args, opts.KubeletArgs...)
 	n.kubelet, err = childproc.Start(n.LogDir, "kubelet", filepath.Join(bin, "kubelet"), args, env)
 	if err != nil {
 		return err
 	}
 	recordPID(n.kubelet)
 	return n.waitReady(opts.ReadyTimeout)
+}
+
+// ImportImage imports an image archive (docker-archive or OCI) into the
+// node's containerd, where pods with imagePullPolicy Never find it.
+func (n *Node) ImportImage(archive string) error {
+	if out, err := n.Ctr("-n", "k8s.io", "images", "import", "--local", archive); err != nil {
+		return fmt.Errorf("importing %s: %w: %s", archive, err, out)
+	}
+	return nil
 }
 
 // Ctr runs ctr against the node's containerd and returns its combined
