@@ -152,7 +152,8 @@ func testUpgrade(t *testing.T, e *env) {
 	for uid, name := range before.claims {
 		t.Logf("  claim %-22s NodePrepareResources calls %d → %d, NodeUnprepareResources %d → %d",
 			name, before.prepares[uid], after.prepares[uid], before.unprep[uid], after.unprep[uid])
-		require.Equal(t, 1, before.prepares[uid], "claim %s prepared once before the upgrade", name)
+		// A claim two pods share may be prepared once per pod start.
+		require.NotZero(t, before.prepares[uid], "claim %s prepared before the upgrade", name)
 		require.Equal(t, before.prepares[uid], after.prepares[uid], "claim %s prepared again", name)
 		require.Zero(t, after.unprep[uid], "claim %s unprepared", name)
 	}
