@@ -86,6 +86,11 @@ type Snapshot struct {
 	// pod matches every term it needs itself (the first of a group). Spread
 	// constraints are on Pod.Spread.
 	PodTerms map[string]string
+	// Usage is each leaf queue's decayed past usage per resource
+	// (UsageHistory.Decayed; any unit, the same for every queue), which
+	// fair share weighs when Config.UsageCoefficient is above 0. A parent's
+	// is its children's sum; amounts below 0 count as 0.
+	Usage map[string]Resources
 }
 
 // Node is a schedulable node.
@@ -389,7 +394,14 @@ type Config struct {
 	// StaleGangTimeout is how long a gang may stay below MinMember before all
 	// its pods are evicted; 0 means 60 s, negative means never.
 	StaleGangTimeout time.Duration
+	// UsageCoefficient, in thousandths (0 to MaxUsageCoefficient), weighs
+	// Snapshot.Usage in the over-quota split (DESIGN.md, "Fair share with
+	// history"); 0 is the split by weight alone.
+	UsageCoefficient int64
 }
+
+// MaxUsageCoefficient is the largest Config.UsageCoefficient: 100.
+const MaxUsageCoefficient = 100_000
 
 // DefaultStaleGangTimeout is DESIGN.md's stale-gang timeout.
 const DefaultStaleGangTimeout = 60 * time.Second

@@ -214,7 +214,10 @@ type queueState struct {
 	pending   Resources // at the cycle's start
 	demand    Resources
 	fairShare Resources
-	jobs      []*jobState
+	// usage is the decayed past usage (Snapshot.Usage; parents: their
+	// children's sum), read only when Config.UsageCoefficient > 0.
+	usage Resources
+	jobs  []*jobState
 }
 
 // op is one reversible change of the transaction log.
@@ -547,11 +550,15 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 	default:
 		return nil, fmt.Errorf("config: unknown placement policy %q (binpack or spread)", cfg.Placement)
 	}
+	if cfg.UsageCoefficient < 0 || cfg.UsageCoefficient > MaxUsageCoefficient {
+		return nil, fmt.Errorf("config: usage coefficient %d is out of range (0 to %d thousandths)", cfg.UsageCoefficient, int64(MaxUsageCoefficient))
+	}
 
 	s.otherNames = otherNames(snap)
 	domains := s.indexTerms(snap)
 	s.addNodes(snap, domains)
 	s.addQueues(snap)
+	s.addUsage(snap)
 	s.addJobs(snap)
 	if _, ok := s.scorer.(binPackScorer); ok {
 		s.refiner = newFGDRefiner(s)

@@ -35,6 +35,15 @@ type fileTime struct {
 type fileConfig struct {
 	Consolidation *bool  `json:"consolidation"`
 	Placement     string `json:"placement"`
+	// Usage turns fair share with history on (timed runs only).
+	Usage *fileUsage `json:"usage"`
+}
+
+type fileUsage struct {
+	HalfLife    string    `json:"halfLife"`
+	Window      string    `json:"window"`
+	Bucket      string    `json:"bucket"`
+	Coefficient *Quantity `json:"coefficient"`
 }
 
 type fileNode struct {

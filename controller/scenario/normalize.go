@@ -73,6 +73,9 @@ func normalize(fs *fileScenario) (*Spec, error) {
 		default:
 			return nil, ferr("config.placement", "%q is not one of binpack, spread", c.Placement)
 		}
+		if err := normalizeUsage(c.Usage, s); err != nil {
+			return nil, err
+		}
 	}
 	nodes, err := normalizeNodes(fs.Nodes)
 	if err != nil {

@@ -85,6 +85,10 @@ type runner struct {
 	// cyclesRun counts the cycles that ran (a timed run skips some).
 	cyclesRun int
 	fair      *fairness // timed runs only
+	// history is the usage history of a run with config.usage; usage its
+	// decayed sums as the core reads them (they change at bucket ends).
+	history *core.UsageHistory
+	usage   map[string]core.Resources
 }
 
 // jobLife is where a job is in a timed run.
@@ -109,12 +113,7 @@ func Run(s *Spec, opts Options) *Report {
 // *CycleError and no report.
 func RunContext(ctx context.Context, s *Spec, opts Options) (*Report, error) {
 	r := newRunner(s, opts)
-	var newest int64
-	for _, j := range s.Jobs {
-		if j.ArriveAt == 0 {
-			newest = max(newest, j.CreatedAt)
-		}
-	}
+	newest := runStart(s)
 	for c := 1; c <= s.Cycles; {
 		if err := ctx.Err(); err != nil {
 			return nil, &CycleError{Scenario: s.Name, Cycle: c, Cycles: s.Cycles, Err: err}
@@ -131,6 +130,10 @@ func RunContext(ctx context.Context, s *Spec, opts Options) (*Report, error) {
 			r.advance(t)
 		}
 		now := simEpoch.Add(time.Duration(newest+t) * time.Second)
+		if r.history != nil {
+			r.history.AdvanceTo(now)
+			r.usage = r.history.Decayed()
+		}
 		quiet, err := r.cycle(c, now)
 		if err != nil {
 			r.failures = append(r.failures, fmt.Sprintf("cycle %d: %v", c, err))
@@ -141,11 +144,27 @@ func RunContext(ctx context.Context, s *Spec, opts Options) (*Report, error) {
 			if quiet && !opts.Step {
 				next = r.nextCycle(c, t, now)
 			}
-			r.fair.account(r, t, min(int64(next-1)*s.CycleSeconds, s.Seconds()))
+			t2 := min(int64(next-1)*s.CycleSeconds, s.Seconds())
+			r.fair.account(r, t, t2)
+			if r.history != nil {
+				r.history.Add(now, now.Add(timeDuration(t2-t)), r.held())
+			}
 		}
 		c = next
 	}
 	return r.report(), nil
+}
+
+// runStart is when the run starts, in seconds from simEpoch: when the newest
+// job present from the start was created.
+func runStart(s *Spec) int64 {
+	var newest int64
+	for _, j := range s.Jobs {
+		if j.ArriveAt == 0 {
+			newest = max(newest, j.CreatedAt)
+		}
+	}
+	return newest
 }
 
 // advance brings a timed run to time t (seconds from its start), before the
@@ -175,10 +194,29 @@ func (r *runner) advance(t int64) {
 	}
 }
 
-// held notes, after a timed run's cycle at t, when each job's gang started
+// held is what each leaf queue's bound and running pods hold, as the usage
+// history counts it: milli-GPU (a placement's shares), milli-CPU, MiB.
+func (r *runner) held() map[string]core.Resources {
+	out := map[string]core.Resources{}
+	for _, p := range r.pods {
+		if p.state != StateRunning && p.state != StateBound {
+			continue
+		}
+		h := out[p.job.Queue]
+		for _, m := range p.place.GPUMilli {
+			h[core.ResGPU] += m
+		}
+		h[core.ResCPU] += p.spec.CPUMilli
+		h[core.ResMemory] += p.spec.Memory >> 20
+		out[p.job.Queue] = h
+	}
+	return out
+}
+
+// holdSince notes, after a timed run's cycle at t, when each job's gang started
 // holding (at least minMember pods, and each subgroup its minimum, bound or
 // running).
-func (r *runner) held(t int64) {
+func (r *runner) holdSince(t int64) {
 	for ji := range r.spec.Jobs {
 		j, l := &r.spec.Jobs[ji], &r.jobs[ji]
 		n := 0
@@ -219,6 +257,10 @@ func (r *runner) nextCycle(c int, t int64, now time.Time) int {
 			next = min(next, t+int64(since.Add(core.DefaultStaleGangTimeout).Sub(now)/time.Second))
 		}
 	}
+	if r.history != nil {
+		// The usage the core reads changes when a bucket closes.
+		next = min(next, t+int64(r.history.NextBoundary().Sub(now)/time.Second))
+	}
 	next = max(next, t+1)
 	nc := int((next+r.spec.CycleSeconds-1)/r.spec.CycleSeconds) + 1
 	return max(c+1, min(nc, r.spec.Cycles))
@@ -227,6 +269,11 @@ func (r *runner) nextCycle(c int, t int64, now time.Time) int {
 func newRunner(s *Spec, opts Options) *runner {
 	r := &runner{spec: s, opts: opts, byName: map[string]*simPod{}, evicted: map[string]int{}, since: map[string]time.Time{}, nodeIdx: map[string]*core.Node{}, gpuMemory: map[string]int64{}}
 	r.cfg = core.Config{Placement: core.PlacementPolicy(s.Placement), DisableConsolidation: !s.Consolidation}
+	if s.Usage != nil {
+		r.cfg.UsageCoefficient = s.Usage.Coefficient
+		// The history starts with the run: (cycle 1's time).
+		r.history, _ = core.NewUsageHistory(s.Usage.Config, simEpoch.Add(timeDuration(runStart(s)))) // validated by normalize
+	}
 	for _, n := range s.Nodes {
 		cn := core.Node{Name: n.Name, Labels: n.Labels, CPU: n.CPUMilli, Memory: n.Memory}
 		r.gpuMemory[n.Name] = n.GPUMemory
@@ -339,7 +386,7 @@ func (r *runner) tracef(format string, args ...any) {
 }
 
 func (r *runner) snapshot(now time.Time) *core.Snapshot {
-	s := &core.Snapshot{Now: now, Nodes: r.nodes, Queues: r.queues}
+	s := &core.Snapshot{Now: now, Nodes: r.nodes, Queues: r.queues, Usage: r.usage}
 	for ji := range r.spec.Jobs {
 		j := &r.spec.Jobs[ji]
 		if l := r.jobs[ji]; !l.arrived || l.finished {
@@ -539,7 +586,7 @@ func (r *runner) cycle(c int, now time.Time) (quiet bool, err error) {
 	}
 	quiet = bound == 0 && len(res.Evictions) == 0 && len(res.Binds) == 0
 	if r.spec.Timed {
-		r.held(int64(c-1) * r.spec.CycleSeconds)
+		r.holdSince(int64(c-1) * r.spec.CycleSeconds)
 		if quiet {
 			// A timed run lists the cycles that did something, so that a
 			// run that skips the others reports the same.

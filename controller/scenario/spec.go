@@ -1,6 +1,10 @@
 package scenario
 
-import "strconv"
+import (
+	"strconv"
+
+	"github.com/tessera-gpu/tessera/controller/core"
+)
 
 // Spec is one scenario after defaults and validation: every count expanded,
 // every quantity in the core's integer units (milli-GPU, milli-CPU, bytes).
@@ -15,10 +19,12 @@ type Spec struct {
 	SampleSeconds int64 // the fairness report's sampling (timed runs)
 	Consolidation bool
 	Placement     string // "binpack" | "spread"
-	Nodes         []Node
-	Queues        []Queue // file order; "default" added when the file lists none
-	Jobs          []Job
-	Expect        Expect
+	// Usage, when set, is fair share with history (config.usage).
+	Usage  *Usage
+	Nodes  []Node
+	Queues []Queue // file order; "default" added when the file lists none
+	Jobs   []Job
+	Expect Expect
 }
 
 // podOverhead is what one pod costs the core in a cycle besides trying it
@@ -70,6 +76,13 @@ func (s *Spec) maxWork() int64 {
 
 // Seconds is how long the run lasts in simulated time.
 func (s *Spec) Seconds() int64 { return int64(s.Cycles) * s.CycleSeconds }
+
+// Usage is config.usage: how the run keeps its usage history and how much
+// fair share weighs it.
+type Usage struct {
+	Config      core.UsageConfig
+	Coefficient int64 // thousandths (core.Config.UsageCoefficient)
+}
 
 // Node is one expanded node.
 type Node struct {

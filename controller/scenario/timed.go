@@ -2,6 +2,8 @@ package scenario
 
 import (
 	"fmt"
+
+	"github.com/tessera-gpu/tessera/controller/core"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +18,8 @@ const (
 	maxTimedCycles = 1_000_000
 	// maxRepeat bounds the copies one job entry makes.
 	maxRepeat = 10000
+	// maxSamples bounds the fairness report's samples.
+	maxSamples = 10000
 	// defaultSample is the fairness report's sampling when time.sample is
 	// not given: hourly, or the run's length when it is shorter.
 	defaultSample = 3600
@@ -88,6 +92,9 @@ func normalizeTime(ft *fileTime, cycles *int, s *Spec) error {
 		if s.SampleSeconds > total {
 			return ferr("time.sample", "%s is longer than the run (%s)", ft.Sample, ft.Duration)
 		}
+	}
+	if n := total / s.SampleSeconds; n > maxSamples {
+		return ferr("time.sample", "%d samples of %s in %s, at most %d; sample less often", n, time.Duration(s.SampleSeconds)*time.Second, ft.Duration, maxSamples)
 	}
 	return nil
 }
@@ -167,3 +174,48 @@ func repeatJob(fj fileJob, p string) ([]fileJob, error) {
 }
 
 func timeDuration(s int64) time.Duration { return time.Duration(s) * time.Second }
+
+// Defaults of config.usage.
+const (
+	defaultHalfLife = 24 * time.Hour
+	defaultWindow   = 7 * 24 * time.Hour
+	defaultBucket   = time.Hour
+)
+
+// normalizeUsage reads config.usage: a timed run's usage history and the
+// coefficient fair share weighs it with.
+func normalizeUsage(fu *fileUsage, s *Spec) error {
+	if fu == nil {
+		return nil
+	}
+	if !s.Timed {
+		return ferr("config.usage", "needs a timed run: give the scenario a time: block")
+	}
+	u := &Usage{Config: core.UsageConfig{HalfLife: defaultHalfLife, Window: defaultWindow, Bucket: defaultBucket}, Coefficient: 1000}
+	for _, f := range []struct {
+		name, raw string
+		to        *time.Duration
+		zero      bool
+	}{{"halfLife", fu.HalfLife, &u.Config.HalfLife, true}, {"window", fu.Window, &u.Config.Window, false}, {"bucket", fu.Bucket, &u.Config.Bucket, false}} {
+		if f.raw == "" {
+			continue
+		}
+		v, err := parseSeconds(f.raw, f.zero)
+		if err != nil {
+			return ferr("config.usage."+f.name, "%v", err)
+		}
+		*f.to = timeDuration(v)
+	}
+	if err := u.Config.Validate(); err != nil {
+		return ferr("config.usage", "%v", err)
+	}
+	if fu.Coefficient != nil {
+		v, err := parseMilli(fu.Coefficient.raw, false)
+		if err != nil || v < 0 || v > core.MaxUsageCoefficient {
+			return ferr("config.usage.coefficient", "%q: want a number from 0 to %d (thousandths at most)", fu.Coefficient.raw, core.MaxUsageCoefficient/1000)
+		}
+		u.Coefficient = v
+	}
+	s.Usage = u
+	return nil
+}

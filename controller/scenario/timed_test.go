@@ -45,11 +45,13 @@ func loadOne(t testing.TB, yaml string) *Spec {
 // cycles run.
 func TestTimedSkipIsStep(t *testing.T) {
 	specs := []*Spec{loadOne(t, burstyWeek(4, "2d", "30s"))}
-	more, err := LoadFile("../testdata/scenarios/time.yaml")
-	if err != nil {
-		t.Fatal(err)
+	for _, f := range []string{"time.yaml", "history.yaml"} {
+		more, err := LoadFile("../testdata/scenarios/" + f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		specs = append(specs, more...)
 	}
-	specs = append(specs, more...)
 	for _, s := range specs {
 		t.Run(s.Name, func(t *testing.T) {
 			skip, step := Run(s, Options{}), Run(s, Options{Step: true})
@@ -161,4 +163,26 @@ func BenchmarkTimedWeek(b *testing.B) {
 	b.ReportMetric(stepTime.Seconds()/per.Seconds(), "step/skip")
 	b.ReportMetric(float64(rep.CyclesRun), "cycles-run")
 	b.ReportMetric(float64(s.Cycles), "cycles")
+}
+
+// TestHistoryBringsBurstyTeamToEntitlement runs the committed example
+// (controller/testdata/timed/bursty-week.yaml): the same week with fair share
+// by weight alone and with history. With history the bursty team's GPU hours
+// come closer to its entitlement and Jain's index rises; by weight alone the
+// steady team, always pending, takes half of every burst.
+func TestHistoryBringsBurstyTeamToEntitlement(t *testing.T) {
+	specs, err := LoadFile("../testdata/timed/bursty-week.yaml")
+	if err != nil || len(specs) != 2 {
+		t.Fatalf("want two scenarios: %v", err)
+	}
+	plain, hist := Run(specs[0], Options{}), Run(specs[1], Options{})
+	num := func(n json.Number) float64 { v, _ := n.Float64(); return v }
+	gap := func(r *Report, q string) float64 {
+		f := r.Fairness.Queues[q]
+		return num(f.GPUHoursEntitled) - num(f.GPUHoursReceived)
+	}
+	if !(num(hist.Fairness.Jain) > num(plain.Fairness.Jain)) || !(gap(hist, "bursty") < gap(plain, "bursty")/2) {
+		t.Errorf("with history Jain %s, bursty short by %.1f GPU-hours; by weight alone Jain %s, short by %.1f: want history higher and under half",
+			hist.Fairness.Jain, gap(hist, "bursty"), plain.Fairness.Jain, gap(plain, "bursty"))
+	}
 }
