@@ -113,12 +113,14 @@ var sharingPods = []examplePod{
 	{"team-a", "ts-0", "TimeSlicing", 1},
 	{"team-a", "ts-1", "TimeSlicing", 1},
 	{"team-b", "share-ts", "TimeSlicing", 1},
+	{"team-a", "chat-0", "MPS", 1},
+	{"team-a", "chat-1", "MPS", 1},
 }
 
 // testExamples runs the demo's gang alone (it takes all 8 GPUs), then
 // whole GPUs, a time-sliced pair and a device-plugin share side by side,
-// each printing what its CDI edits gave it. (The MPS pods, 04's chat pair
-// and 20's embed, wait for MPS's fake mode in a container: README.md.)
+// an MPS pair (04's chat-0 and chat-1, through the tessera-mps DaemonSet's
+// stand-in daemon), each printing what its CDI edits gave it.
 func testExamples(t *testing.T, e *env) {
 	all := e.readManifests(t)
 	e.apply(t, all, "01-teams.yaml")
@@ -134,6 +136,7 @@ func testExamples(t *testing.T, e *env) {
 	e.apply(t, all, "03-team-a-sweep.yaml", "gpu-x1", "sweep-0")
 	e.apply(t, all, "05-team-a-notebook.yaml")
 	e.apply(t, all, "timesliced.yaml")
+	e.apply(t, all, "04-team-a-inference.yaml", "mps-20gi", "chat-0", "chat-1")
 	e.runPods(t, sharingPods)
 	share, err := e.client.CoreV1().Pods("team-b").Get(context.Background(), "share-ts", metav1.GetOptions{})
 	require.NoError(t, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/tessera-gpu/tessera/sharing"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
 
@@ -130,6 +131,8 @@ func testUpgrade(t *testing.T, e *env) {
 	require.NotEmpty(t, before.claims)
 	require.NotEmpty(t, before.cdi, "CDI specs of the prepared claims")
 	old := e.waitNodeAgent(t, tagV1, time.Minute)
+	daemons := mpsDaemons(t)
+	require.NotEmpty(t, daemons, "MPS daemons of the chat pair under %s", mpsRoot)
 	offered := e.allocatable(t)
 	upgradeAt := time.Now()
 	out, err := e.runHelm(append([]string{"upgrade", release, chartDir, "--namespace", namespace}, e.helmValues(tagV2)...)...)
@@ -168,6 +171,31 @@ func testUpgrade(t *testing.T, e *env) {
 	for f, sum := range before.cdi {
 		require.Equal(t, sum, after.cdi[f], "CDI spec %s unchanged", f)
 	}
+	// The MPS daemons live in tessera-mps, which the upgrade leaves alone.
+	for gpu, pid := range daemons {
+		t.Logf("  MPS daemon of %s: pid %s before the upgrade, %s after", gpu, pid, mpsDaemons(t)[gpu])
+	}
+	require.Equal(t, daemons, mpsDaemons(t), "the MPS daemons are the same processes after the upgrade")
+}
+
+// mpsRoot is the chart's default node.sharing.mpsRoot.
+const mpsRoot = "/run/tessera/mps"
+
+// mpsDaemons is each GPU's MPS daemon pid whose process is alive, by GPU
+// UUID, read from the pid files the daemons write.
+func mpsDaemons(t *testing.T) map[string]string {
+	files, err := filepath.Glob(filepath.Join(mpsRoot, "*", "pipe", sharing.PIDFile))
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		require.NoError(t, err)
+		pid := strings.TrimSpace(string(data))
+		if _, err := os.Stat(filepath.Join("/proc", pid)); err == nil {
+			out[filepath.Base(filepath.Dir(filepath.Dir(f)))] = pid
+		}
+	}
+	return out
 }
 
 // testUninstall deletes the GPU pods (what an admin does first, see
@@ -183,6 +211,10 @@ func testUninstall(t *testing.T, e *env) {
 	framework.Eventually(t, "no tessera pods", 2*time.Minute, func() (bool, string) {
 		n := len(e.pods(t, "tessera-node")) + len(e.pods(t, "tessera-controller"))
 		return n == 0, fmt.Sprintf("%d pods", n)
+	})
+	framework.Eventually(t, "no MPS daemon left", time.Minute, func() (bool, string) {
+		d := mpsDaemons(t)
+		return len(d) == 0, fmt.Sprintf("alive: %v", d)
 	})
 	framework.Eventually(t, "no ResourceSlices of "+driverName, 2*time.Minute, func() (bool, string) {
 		n := len(e.slices(t))
