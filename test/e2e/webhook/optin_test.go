@@ -1,7 +1,6 @@
 package webhook
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -15,7 +14,6 @@ import (
 
 	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/controller/webhook"
-	"github.com/tessera-gpu/tessera/internal/selfsigned"
 	"github.com/tessera-gpu/tessera/test/controlplane"
 )
 
@@ -42,19 +40,7 @@ func TestNamespaceOptIn(t *testing.T) {
 	require.NoError(t, err)
 	plain := cp.CreateNamespace(t, "plain").Name
 
-	dir := t.TempDir()
-	crt, key, err := selfsigned.Generate("tessera-webhook", "127.0.0.1")
-	require.NoError(t, err)
-	require.NoError(t, selfsigned.WriteDir(dir, crt, key))
-	srv, err := webhook.New(webhook.Options{Addr: "127.0.0.1:0", CertDir: dir})
-	require.NoError(t, err)
-	srvCtx, stopServer := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		assert.NoError(t, srv.Run(srvCtx))
-	}()
-	t.Cleanup(func() { stopServer(); <-done })
+	srv, crt, stopServer := serve(t, ctx)
 
 	cfg := &admissionregistrationv1.MutatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: "tessera-opt-in"},
@@ -115,7 +101,6 @@ func TestNamespaceOptIn(t *testing.T) {
 	// Down: the opted-in namespace refuses pods rather than letting them
 	// reach kube-scheduler; other namespaces do not notice.
 	stopServer()
-	<-done
 	_, err = create(opted.Name, "during-outage", "")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "scheduler.pods.tessera.dev")

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -79,6 +80,30 @@ func register(t *testing.T, ctx context.Context, client kubernetes.Interface, ad
 	}, 30*time.Second, 200*time.Millisecond, "the webhook configuration never took effect")
 }
 
+// serve runs the webhook server on a loopback port with a fresh
+// self-signed certificate until the test ends or stop is called; it
+// returns the server, the certificate (the CA bundle to register) and stop,
+// which returns once the server has stopped.
+func serve(t *testing.T, ctx context.Context) (srv *webhook.Server, crt []byte, stop func()) {
+	t.Helper()
+	dir := t.TempDir()
+	crt, key, err := selfsigned.Generate("tessera-webhook", "127.0.0.1")
+	require.NoError(t, err)
+	require.NoError(t, selfsigned.WriteDir(dir, crt, key))
+	srv, err = webhook.New(webhook.Options{Addr: "127.0.0.1:0", CertDir: dir})
+	require.NoError(t, err)
+	srvCtx, stopServer := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		assert.NoError(t, srv.Run(srvCtx))
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { stopServer(); <-done }) }
+	t.Cleanup(stop)
+	return srv, crt, stop
+}
+
 func TestWebhook(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs a real kube-apiserver; skipped with -short")
@@ -88,19 +113,7 @@ func TestWebhook(t *testing.T) {
 	ctx := t.Context()
 	ns := cp.CreateNamespace(t, "webhook").Name
 
-	dir := t.TempDir()
-	crt, key, err := selfsigned.Generate("tessera-webhook", "127.0.0.1")
-	require.NoError(t, err)
-	require.NoError(t, selfsigned.WriteDir(dir, crt, key))
-	srv, err := webhook.New(webhook.Options{Addr: "127.0.0.1:0", CertDir: dir})
-	require.NoError(t, err)
-	srvCtx, stopServer := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		assert.NoError(t, srv.Run(srvCtx))
-	}()
-	t.Cleanup(func() { stopServer(); <-done })
+	srv, crt, stopServer := serve(t, ctx)
 	register(t, ctx, client, srv.Addr(), crt, ns)
 
 	create := func(p *v1.Pod) (*v1.Pod, error) {
@@ -241,7 +254,6 @@ func TestWebhook(t *testing.T) {
 	// (failurePolicy Fail) plain pods are still created, annotated ones not.
 	t.Run("webhook down: only annotated pods are refused", func(t *testing.T) {
 		stopServer()
-		<-done
 		_, err := create(pod("plain-2", nil))
 		require.NoError(t, err)
 		_, err = create(pod("half-2", map[string]string{assignment.AnnotationGPUFraction: "0.5"}))
