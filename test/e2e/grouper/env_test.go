@@ -200,16 +200,6 @@ func (e *env) jobPods(job string) []v1.Pod {
 	return out
 }
 
-func bound(pods []v1.Pod) int {
-	n := 0
-	for _, p := range pods {
-		if p.Spec.NodeName != "" {
-			n++
-		}
-	}
-	return n
-}
-
 // scheduledReason is the message of a pod's PodScheduled=False condition.
 func scheduledReason(p *v1.Pod) string {
 	for _, c := range p.Status.Conditions {

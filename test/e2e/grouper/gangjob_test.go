@@ -63,7 +63,7 @@ func TestGangJobWithoutTheAPI(t *testing.T) {
 	words := fmt.Sprintf("job %s/llama: 3 pods × 2 GPUs must start together; 4 GPUs are free", e.ns)
 	e.eventually("3 pods in the grouper's gang, none bound, each saying why", 60*time.Second, func() (bool, string) {
 		pods := e.jobPods("llama")
-		if bound(pods) > 0 {
+		if framework.Bound(pods) > 0 {
 			t.Fatalf("a pod of the gang bound with 4 GPUs free: %s", summary(pods))
 		}
 		ok := len(pods) == 3
@@ -80,7 +80,7 @@ func TestGangJobWithoutTheAPI(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second) // more cycles
 	pods := e.jobPods("llama")
-	if bound(pods) > 0 {
+	if framework.Bound(pods) > 0 {
 		t.Fatalf("a pod of the gang bound with 4 GPUs free: %s", summary(pods))
 	}
 	t.Logf("pending reason: %s", scheduledReason(&pods[0]))
@@ -90,7 +90,7 @@ func TestGangJobWithoutTheAPI(t *testing.T) {
 	}
 	e.eventually("all 3 bound", 60*time.Second, func() (bool, string) {
 		pods = e.jobPods("llama")
-		return len(pods) == 3 && bound(pods) == 3, summary(pods)
+		return len(pods) == 3 && framework.Bound(pods) == 3, summary(pods)
 	})
 	var first, last time.Time
 	for _, p := range pods {

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/controller/kube"
+	"github.com/tessera-gpu/tessera/test/framework"
 )
 
 // TestIndexedJobIsAGang is the measurement: an Indexed Job of 4
@@ -38,7 +39,7 @@ func TestIndexedJobIsAGang(t *testing.T) {
 	job := e.indexedJob("llama", 4, "two-gpus", nil)
 	e.eventually("4 pods grouped, none bound, each saying why", 60*time.Second, func() (bool, string) {
 		pods := e.jobPods("llama")
-		if bound(pods) > 0 {
+		if framework.Bound(pods) > 0 {
 			t.Fatalf("a pod of the gang bound with 6 GPUs free: %s", summary(pods))
 		}
 		ok := len(pods) == 4
@@ -61,7 +62,7 @@ func TestIndexedJobIsAGang(t *testing.T) {
 	// Stays so: a few more cycles.
 	time.Sleep(2 * time.Second)
 	pods := e.jobPods("llama")
-	if bound(pods) > 0 {
+	if framework.Bound(pods) > 0 {
 		t.Fatalf("a pod of the gang bound with 6 GPUs free: %s", summary(pods))
 	}
 	// In people's words: the user wrote a Job, not a PodGroup.
@@ -80,7 +81,7 @@ func TestIndexedJobIsAGang(t *testing.T) {
 	}
 	e.eventually("all 4 bound", 60*time.Second, func() (bool, string) {
 		pods := e.jobPods("llama")
-		return len(pods) == 4 && bound(pods) == 4, summary(pods)
+		return len(pods) == 4 && framework.Bound(pods) == 4, summary(pods)
 	})
 
 	// The minimum follows the Job: parallelism 4 → 2 (completions stay 4)
@@ -131,7 +132,7 @@ func TestReclaimEvictsTheGang(t *testing.T) {
 	var gang []v1.Pod
 	e.eventually("the gang of 4 bound (all 8 GPUs)", 60*time.Second, func() (bool, string) {
 		gang = e.jobPods("llama")
-		return len(gang) == 4 && bound(gang) == 4, summary(gang)
+		return len(gang) == 4 && framework.Bound(gang) == 4, summary(gang)
 	})
 	if q, _, _ := unstructured.NestedString(e.podGroup("job-llama").Object, "spec", "queue"); q != "train" {
 		t.Fatalf("PodGroup job-llama queue %q, want the namespace's train", q)

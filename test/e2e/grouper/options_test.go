@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/controller/kube"
+	"github.com/tessera-gpu/tessera/test/framework"
 )
 
 // TestGrouperOptions, one after the other on a node of 8 GPUs with 6 free:
@@ -47,7 +48,7 @@ func TestGrouperOptions(t *testing.T) {
 		e.indexedJob("solo", 4, "two-gpus", map[string]string{kube.AnnotationPodGrouper: kube.PodGrouperOff})
 		e.eventually("3 of 4 bound, each marked off", 60*time.Second, func() (bool, string) {
 			pods := e.jobPods("solo")
-			ok := len(pods) == 4 && bound(pods) == 3
+			ok := len(pods) == 4 && framework.Bound(pods) == 3
 			for _, p := range pods {
 				ok = ok && p.Annotations[kube.AnnotationPodGrouper] == kube.PodGrouperOff && p.Annotations[kube.AnnotationPodGroup] == ""
 			}
@@ -70,7 +71,7 @@ func TestGrouperOptions(t *testing.T) {
 		}
 		e.eventually("4 pods in job-plain, none bound", 60*time.Second, func() (bool, string) {
 			pods := e.jobPods("plain")
-			if bound(pods) > 0 {
+			if framework.Bound(pods) > 0 {
 				t.Fatalf("bound below the override: %s", summary(pods))
 			}
 			pg := e.podGroup("job-plain")
@@ -88,7 +89,7 @@ func TestGrouperOptions(t *testing.T) {
 		want := `annotation tessera.dev/min-member: "two" is not a whole number of pods`
 		e.eventually("both pods waiting with the reason", 60*time.Second, func() (bool, string) {
 			pods := e.jobPods("typo")
-			ok := len(pods) == 2 && bound(pods) == 0
+			ok := len(pods) == 2 && framework.Bound(pods) == 0
 			for _, p := range pods {
 				ok = ok && strings.Contains(scheduledReason(&p), "waiting for the pod grouper") && strings.Contains(scheduledReason(&p), want)
 			}
@@ -115,7 +116,7 @@ func TestGrouperOptions(t *testing.T) {
 			if err != nil {
 				return false, err.Error()
 			}
-			ok := len(l.Items) == 4 && bound(l.Items) == 3
+			ok := len(l.Items) == 4 && framework.Bound(l.Items) == 3
 			for _, p := range l.Items {
 				ok = ok && p.Annotations[kube.AnnotationPodGroup] == "" && p.Annotations[kube.AnnotationPodGrouper] == ""
 			}

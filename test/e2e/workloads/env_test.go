@@ -194,15 +194,6 @@ func (e *env) pods(w framework.Workload) []corev1.Pod {
 	return out
 }
 
-func bound(pods []corev1.Pod) (n int) {
-	for _, p := range pods {
-		if p.Spec.NodeName != "" {
-			n++
-		}
-	}
-	return n
-}
-
 // pendingReason is the PodScheduled condition tessera-scheduler writes on a
 // pod it cannot place.
 func pendingReason(p *corev1.Pod) string {

@@ -156,7 +156,7 @@ func (e *env) waitAllPending(w framework.Workload, free int) {
 func (e *env) holdNoneBound(w framework.Workload) {
 	e.t.Helper()
 	for end := time.Now().Add(holdFor); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		if n := bound(e.pods(w)); n > 0 {
+		if n := framework.Bound(e.pods(w)); n > 0 {
 			e.t.Fatalf("%d pods of %s bound although the gang does not fit", n, w.Object.GetName())
 		}
 	}
@@ -177,7 +177,7 @@ func (e *env) freeHold(w framework.Workload) {
 	var pods []corev1.Pod
 	e.eventually("every pod of "+w.Object.GetName()+" bound", time.Minute, func() (bool, string) {
 		pods = e.pods(w)
-		n := bound(pods)
+		n := framework.Bound(pods)
 		return n == w.Pods, fmt.Sprintf("%d of %d bound", n, w.Pods)
 	})
 	var first, last time.Time
@@ -233,7 +233,7 @@ func TestLeaderWorkerSet(t *testing.T) {
 		byGroup := e.lwsGroups(w)
 		var full, none, partial []string
 		for g, pods := range byGroup {
-			switch n := bound(pods); {
+			switch n := framework.Bound(pods); {
 			case len(pods) == 2 && n == 2:
 				full = append(full, g)
 			case len(pods) == 2 && n == 0 && strings.Contains(pendingReason(&pods[0]), pods[0].Annotations[kube.AnnotationPodGroup]) &&
@@ -253,7 +253,7 @@ func TestLeaderWorkerSet(t *testing.T) {
 	})
 	e.checkSubGroups(w, []string{"leader", "workers"})
 	for end := time.Now().Add(holdFor); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		if n := bound(e.lwsGroups(w)[waiting]); n > 0 {
+		if n := framework.Bound(e.lwsGroups(w)[waiting]); n > 0 {
 			e.t.Fatalf("%d pods of LWS group %s bound on 2 free GPUs", n, waiting)
 		}
 	}
