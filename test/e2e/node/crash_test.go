@@ -101,6 +101,24 @@ func (p *proc) killed(t testing.TB, point string) {
 	assert.Contains(t, p.out.String(), `"Test kill point reached; killing tessera-node" point="`+point+`"`)
 }
 
+// startProc starts cmd with its output captured, and kills it when the
+// test ends, showing the output if the test failed.
+func startProc(t testing.TB, name string, cmd *exec.Cmd) *proc {
+	t.Helper()
+	p := &proc{cmd: cmd, out: &syncBuffer{}, done: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	require.NoError(t, cmd.Start())
+	go func() { p.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("%s output:\n%s", name, p.out.String())
+		}
+	})
+	return p
+}
+
 func (e *nodeEnv) spawn(t testing.TB, kubeconfig string, env []string, extraArgs ...string) *proc {
 	t.Helper()
 	return e.spawnWrapped(t, nil, kubeconfig, env, extraArgs...)
@@ -120,17 +138,7 @@ func (e *nodeEnv) spawnWrapped(t testing.TB, wrapper []string, kubeconfig string
 	argv := append(append(append([]string{}, wrapper...), tesseraNode(t)), args...)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(append(os.Environ(), drivertest.RecordEnv+"="+e.record), env...)
-	p := &proc{cmd: cmd, out: &syncBuffer{}, done: make(chan error, 1)}
-	cmd.Stdout, cmd.Stderr = p.out, p.out
-	require.NoError(t, cmd.Start())
-	go func() { p.done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.done
-		if t.Failed() {
-			t.Logf("tessera-node output:\n%s", p.out.String())
-		}
-	})
+	p := startProc(t, "tessera-node", cmd)
 	return p
 }
 

@@ -89,17 +89,7 @@ func (e *nodeEnv) supervisor(t *testing.T) *proc {
 	t.Helper()
 	cmd := exec.Command(tesseraNode(t), "mps-supervisor", "--mps-root="+e.mpsRoot, "--fake", "-v=2")
 	cmd.Env = append(os.Environ(), drivertest.RecordEnv+"="+e.record)
-	p := &proc{cmd: cmd, out: &syncBuffer{}, done: make(chan error, 1)}
-	cmd.Stdout, cmd.Stderr = p.out, p.out
-	require.NoError(t, cmd.Start())
-	go func() { p.done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.done
-		if t.Failed() {
-			t.Logf("mps-supervisor output:\n%s", p.out.String())
-		}
-	})
+	p := startProc(t, "mps-supervisor", cmd)
 	p.waitOutput(t, "MPS supervisor serving", 30*time.Second)
 	return p
 }
