@@ -91,6 +91,39 @@ type Snapshot struct {
 	// fair share weighs when Config.UsageCoefficient is above 0. A parent's
 	// is its children's sum; amounts below 0 count as 0.
 	Usage map[string]Resources
+	// Topologies are the network layouts gangs may ask to be placed within
+	// (Job.Topology, SubGroup.Topology). A topology that is invalid itself
+	// (Topology's rules) is left out with a problem, and a job naming it
+	// waits with the reason.
+	Topologies []Topology
+}
+
+// Topology is one layout of the cluster's network (a Kubernetes Topology
+// object): an ordered list of levels, each a node label key, broadest first
+// and hostname last, e.g. zone, block, rack, "kubernetes.io/hostname". A
+// domain of a level is the set of nodes with the same values for that
+// level's label and every broader level's (racks called r1 in two blocks are
+// two racks); a node missing any of those labels is in no domain of that
+// level, so it never hosts a gang that requires the level. Name is unique
+// and not empty; Levels are at least one, distinct, not empty.
+type Topology struct {
+	Name   string
+	Levels []string
+}
+
+// TopologyConstraint keeps a gang (Job.Topology) or a subgroup's pods
+// (SubGroup.Topology) close on the network. Required and Preferred are
+// levels of the named Topology (their label keys), "" for none; Preferred
+// may not be broader than Required (it would say nothing more).
+type TopologyConstraint struct {
+	// Topology names one of Snapshot.Topologies.
+	Topology string
+	// Required: every pod of the gang placed in this cycle and its placed
+	// pods lie in one domain of this level, or none is placed.
+	Required string
+	// Preferred: in one domain of this level when one fits, else in as few
+	// as the placement finds.
+	Preferred string
 }
 
 // Node is a schedulable node.
@@ -178,6 +211,9 @@ type Job struct {
 	// subgroup's minimum is not clamped to the pods that name it: one
 	// short of pods keeps the job's pending pods waiting, with the reason.
 	SubGroups []SubGroup
+	// Topology, when not nil, keeps the gang's pods in one domain of a
+	// level of a topology (TopologyConstraint).
+	Topology *TopologyConstraint
 	// Disruption says what evicting one of its placed pods takes; ""
 	// (DisruptionGang) is Tessera's rule.
 	Disruption Disruption
@@ -198,6 +234,10 @@ type SubGroup struct {
 	// MinMember (at least 1) of the pods naming it are placed together,
 	// all or nothing, with the rest of the gang.
 	MinMember int
+	// Topology, when not nil, keeps the subgroup's pods in one domain (of a
+	// level of the job's topology, inside the job's domain when the job has
+	// one).
+	Topology *TopologyConstraint
 }
 
 // Disruption is how a job's placed pods may be evicted (Kubernetes'

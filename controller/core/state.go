@@ -285,6 +285,10 @@ type session struct {
 	// rejected are the statuses of the jobs left out (validate.go).
 	badQueues map[string]string
 	rejected  map[string]JobStatus
+	// topos are the valid topologies by name; badTopos maps those left
+	// out to the reason (validate.go).
+	topos    map[string]*topoState
+	badTopos map[string]string
 	// limitHolds are the heldLimit changes, undone by a rollback past them.
 	limitHolds []limitHold
 	// planStarts are the log positions where the committed evicting plans
@@ -559,6 +563,7 @@ func newSession(snap *Snapshot, cfg Config) (*session, error) {
 	s.addNodes(snap, domains)
 	s.addQueues(snap)
 	s.addUsage(snap)
+	s.addTopologies(snap)
 	s.addJobs(snap)
 	if _, ok := s.scorer.(binPackScorer); ok {
 		s.refiner = newFGDRefiner(s)

@@ -187,7 +187,10 @@ func (s *session) jobProblem(j *Job, twice bool) string {
 	case j.Disruption != DisruptionGang && j.Disruption != DisruptionSingle && j.Disruption != DisruptionAll:
 		return fmt.Sprintf("job %s: disruption %q is not %q, %q or %q", j.Name, j.Disruption, DisruptionGang, DisruptionSingle, DisruptionAll)
 	}
-	return subGroupsProblem(j)
+	if why := subGroupsProblem(j); why != "" {
+		return why
+	}
+	return s.jobTopologyProblem(j)
 }
 
 // addJobs builds the jobs and their pods. A job that cannot be scheduled
@@ -355,3 +358,111 @@ func ValidateRequest(r Request) error {
 // ValidateQueue says why the core would leave a queue out for its own
 // fields (nil when it would not); its parent is not looked at.
 func ValidateQueue(q Queue) error { return checkQueue(&q) }
+
+// checkTopology validates a topology's own fields (Topology's rules).
+func checkTopology(t *Topology) error {
+	if len(t.Levels) == 0 {
+		return fmt.Errorf("topology %s has no levels", t.Name)
+	}
+	for i, l := range t.Levels {
+		switch {
+		case l == "":
+			return fmt.Errorf("topology %s: level %d is empty", t.Name, i)
+		case slices.Index(t.Levels, l) < i:
+			return fmt.Errorf("topology %s: level %s is listed twice", t.Name, l)
+		}
+	}
+	return nil
+}
+
+// addTopologies indexes the snapshot's topologies; one without a name, a
+// second of one name or one that is invalid itself is left out, and a
+// job naming it waits with the reason (constraintProblem).
+func (s *session) addTopologies(snap *Snapshot) {
+	s.topos = map[string]*topoState{}
+	s.badTopos = map[string]string{}
+	for i := range snap.Topologies {
+		t := &snap.Topologies[i]
+		switch {
+		case t.Name == "":
+			s.problem(`topology ""`, "empty name; left out")
+		case s.topos[t.Name] != nil || s.badTopos[t.Name] != "":
+			s.problem("topology "+t.Name, "listed twice; the first is used")
+		default:
+			if err := checkTopology(t); err != nil {
+				s.badTopos[t.Name] = err.Error()
+				s.problem("topology "+t.Name, "%v; left out, the jobs naming it wait", err)
+				continue
+			}
+			s.topos[t.Name] = &topoState{name: t.Name, levels: slices.Clone(t.Levels)}
+		}
+	}
+}
+
+// constraintProblem says why a job's or subgroup's topology constraint
+// cannot be taken as given (nil when it can): the topology must exist and
+// be valid, each level must be one of its levels, and the preferred level
+// may not be broader than the required one. Levels are named by their
+// label keys, as the constraint names them.
+func constraintProblem(c *TopologyConstraint, topos map[string]*topoState, bad map[string]string) error {
+	if bad[c.Topology] != "" {
+		return fmt.Errorf("topology %s is invalid: %s", c.Topology, bad[c.Topology])
+	}
+	t := topos[c.Topology]
+	if t == nil {
+		return fmt.Errorf("topology %q does not exist", c.Topology)
+	}
+	if c.Required == "" && c.Preferred == "" {
+		return fmt.Errorf("topology %s: neither a required nor a preferred level is set", t.name)
+	}
+	for _, l := range []struct{ what, key string }{{"required", c.Required}, {"preferred", c.Preferred}} {
+		if l.key != "" && t.level(l.key) < 0 {
+			return fmt.Errorf("topology %s: %s level %q is not one of its levels (%s)", t.name, l.what, l.key, strings.Join(t.levels, ", "))
+		}
+	}
+	if c.Required != "" && c.Preferred != "" && t.level(c.Preferred) < t.level(c.Required) {
+		return fmt.Errorf("topology %s: preferred level %s is broader than required level %s (a gang in one %s is in one %s already)",
+			t.name, c.Preferred, c.Required, levelName(c.Required), levelName(c.Preferred))
+	}
+	return nil
+}
+
+// jobTopologyProblem checks a job's constraint and its subgroups'; a
+// subgroup's must name the job's topology when the job has one, so that
+// its domain can lie inside the job's.
+func (s *session) jobTopologyProblem(j *Job) string {
+	if j.Topology != nil {
+		if err := constraintProblem(j.Topology, s.topos, s.badTopos); err != nil {
+			return fmt.Sprintf("job %s: %v", j.Name, err)
+		}
+	}
+	for _, g := range j.SubGroups {
+		if g.Topology == nil {
+			continue
+		}
+		if j.Topology != nil && g.Topology.Topology != j.Topology.Topology {
+			return fmt.Sprintf("job %s: subgroup %s: topology %q is not the job's topology %s", j.Name, g.Name, g.Topology.Topology, j.Topology.Topology)
+		}
+		if err := constraintProblem(g.Topology, s.topos, s.badTopos); err != nil {
+			return fmt.Sprintf("job %s: subgroup %s: %v", j.Name, g.Name, err)
+		}
+	}
+	return ""
+}
+
+// ValidateTopology says why the core would leave a topology out for its
+// own fields (nil when it would not).
+func ValidateTopology(t Topology) error {
+	if t.Name == "" {
+		return fmt.Errorf("topology has an empty name")
+	}
+	return checkTopology(&t)
+}
+
+// ValidateTopologyConstraint says why the core would refuse a job or
+// subgroup with constraint c given the topologies (nil when it would not).
+func ValidateTopologyConstraint(c TopologyConstraint, topologies []Topology) error {
+	s := &session{}
+	s.addTopologies(&Snapshot{Topologies: topologies})
+	return constraintProblem(&c, s.topos, s.badTopos)
+}

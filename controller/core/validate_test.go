@@ -21,6 +21,7 @@ func TestBadObjectFailsAlone(t *testing.T) {
 		name    string
 		queues  []Queue
 		terms   map[string]string
+		topos   []Topology
 		jobs    []Job
 		reasons map[string]string // pod → part of its reason
 		problem string            // object named in Result.Problems
@@ -61,6 +62,24 @@ func TestBadObjectFailsAlone(t *testing.T) {
 			reasons: map[string]string{"bad": `anti-affinity term "nope" is not in the snapshot's PodTerms`}, problem: "job bad"},
 		{name: "term without topology", terms: map[string]string{"t": ""}, jobs: []Job{{Name: "bad", Queue: "q", Pods: []Pod{{Name: "bad", Matches: []string{"t"}}}}},
 			reasons: map[string]string{"bad": `anti-affinity term "t" is not in the snapshot's PodTerms`}, problem: "term t"},
+		{name: "unknown topology", topos: []Topology{{Name: "dc", Levels: []string{"zone", "example.com/rack", "kubernetes.io/hostname"}}}, jobs: []Job{{Name: "bad", Queue: "q", Topology: &TopologyConstraint{Topology: "net", Required: "zone"}, Pods: []Pod{{Name: "bad", Request: Request{GPUs: 1}}}}},
+			reasons: map[string]string{"bad": `job bad: topology "net" does not exist`}, problem: "job bad"},
+		{name: "unknown level", topos: []Topology{{Name: "dc", Levels: []string{"zone", "example.com/rack", "kubernetes.io/hostname"}}}, jobs: []Job{{Name: "bad", Queue: "q", Topology: &TopologyConstraint{Topology: "dc", Required: "block"}, Pods: []Pod{{Name: "bad", Request: Request{GPUs: 1}}}}},
+			reasons: map[string]string{"bad": `job bad: topology dc: required level "block" is not one of its levels (zone, example.com/rack, kubernetes.io/hostname)`}, problem: "job bad"},
+		{name: "preferred broader than required", topos: []Topology{{Name: "dc", Levels: []string{"zone", "example.com/rack", "kubernetes.io/hostname"}}}, jobs: []Job{{Name: "bad", Queue: "q", Topology: &TopologyConstraint{Topology: "dc", Required: "example.com/rack", Preferred: "zone"}, Pods: []Pod{{Name: "bad", Request: Request{GPUs: 1}}}}},
+			reasons: map[string]string{"bad": "job bad: topology dc: preferred level zone is broader than required level example.com/rack (a gang in one rack is in one zone already)"}, problem: "job bad"},
+		{name: "no level", topos: []Topology{{Name: "dc", Levels: []string{"zone", "example.com/rack", "kubernetes.io/hostname"}}}, jobs: []Job{{Name: "bad", Queue: "q", Topology: &TopologyConstraint{Topology: "dc"}, Pods: []Pod{{Name: "bad", Request: Request{GPUs: 1}}}}},
+			reasons: map[string]string{"bad": "job bad: topology dc: neither a required nor a preferred level is set"}, problem: "job bad"},
+		{name: "invalid topology", topos: []Topology{{Name: "dc", Levels: []string{"zone", "zone"}}}, jobs: []Job{{Name: "bad", Queue: "q", Topology: &TopologyConstraint{Topology: "dc", Required: "zone"}, Pods: []Pod{{Name: "bad", Request: Request{GPUs: 1}}}}},
+			reasons: map[string]string{"bad": "job bad: topology dc is invalid: topology dc: level zone is listed twice"}, problem: "topology dc"},
+		{name: "topology without levels", topos: []Topology{{Name: "dc"}}, jobs: []Job{{Name: "bad", Queue: "q", Topology: &TopologyConstraint{Topology: "dc", Required: "zone"}, Pods: []Pod{{Name: "bad", Request: Request{GPUs: 1}}}}},
+			reasons: map[string]string{"bad": "job bad: topology dc is invalid: topology dc has no levels"}, problem: "topology dc"},
+		{name: "subgroup of another topology", topos: append([]Topology{{Name: "dc", Levels: []string{"zone", "example.com/rack", "kubernetes.io/hostname"}}}, Topology{Name: "nv", Levels: []string{"clique"}}),
+			jobs:    []Job{{Name: "bad", Queue: "q", Topology: &TopologyConstraint{Topology: "dc", Required: "zone"}, SubGroups: []SubGroup{{Name: "w", MinMember: 1, Topology: &TopologyConstraint{Topology: "nv", Required: "clique"}}}, Pods: []Pod{{Name: "bad", SubGroup: "w", Request: Request{GPUs: 1}}}}},
+			reasons: map[string]string{"bad": `job bad: subgroup w: topology "nv" is not the job's topology dc`}, problem: "job bad"},
+		{name: "subgroup unknown level", topos: []Topology{{Name: "dc", Levels: []string{"zone", "example.com/rack", "kubernetes.io/hostname"}}},
+			jobs:    []Job{{Name: "bad", Queue: "q", SubGroups: []SubGroup{{Name: "w", MinMember: 1, Topology: &TopologyConstraint{Topology: "dc", Preferred: "rack"}}}, Pods: []Pod{{Name: "bad", SubGroup: "w", Request: Request{GPUs: 1}}}}},
+			reasons: map[string]string{"bad": `job bad: subgroup w: topology dc: preferred level "rack" is not one of its levels`}, problem: "job bad"},
 		{name: "job listed twice", jobs: []Job{pending("ok", "q", Request{GPUs: 1})},
 			reasons: map[string]string{"ok-again": "job ok is listed twice"}, problem: "job ok"},
 	} {
@@ -70,7 +89,7 @@ func TestBadObjectFailsAlone(t *testing.T) {
 			if c.name == "job listed twice" {
 				jobs[1].Pods[0].Name = "ok-again"
 			}
-			snap := &Snapshot{Nodes: []Node{node("a", 2)}, PodTerms: c.terms, Queues: append([]Queue{queue("q", "", -1, -1, 1)}, c.queues...), Jobs: jobs}
+			snap := &Snapshot{Nodes: []Node{node("a", 2)}, PodTerms: c.terms, Topologies: c.topos, Queues: append([]Queue{queue("q", "", -1, -1, 1)}, c.queues...), Jobs: jobs}
 			res, err := Schedule(snap, Config{})
 			require.NoError(t, err)
 			assert.Equal(t, 1, countBinds(res, "ok"), "the valid job is placed")
@@ -152,4 +171,37 @@ func TestBrokenNodeGPU(t *testing.T) {
 	for _, want := range []string{"node a: CPU -5 is outside", "node a: GPU 1: memory 0 bytes", "node b: GPU index 0 listed twice", "node b: listed twice"} {
 		assert.Contains(t, joined, want)
 	}
+}
+
+// The adapters' checks say what the core would refuse, in its words.
+func TestValidateTopology(t *testing.T) {
+	dc := Topology{Name: "dc", Levels: []string{"zone", "rack", "kubernetes.io/hostname"}}
+	for _, c := range []struct {
+		name string
+		topo Topology
+		c    TopologyConstraint
+		want string // "" for no error
+	}{
+		{name: "valid", topo: dc, c: TopologyConstraint{Topology: "dc", Required: "zone", Preferred: "rack"}},
+		{name: "equal levels", topo: dc, c: TopologyConstraint{Topology: "dc", Required: "rack", Preferred: "rack"}},
+		{name: "empty topology name", topo: Topology{Levels: []string{"a"}}, c: TopologyConstraint{Topology: "dc", Required: "zone"}, want: "topology has an empty name"},
+		{name: "empty level", topo: Topology{Name: "dc", Levels: []string{"zone", ""}}, c: TopologyConstraint{Topology: "dc", Required: "zone"}, want: "topology dc: level 1 is empty"},
+		{name: "preferred broader", topo: dc, c: TopologyConstraint{Topology: "dc", Required: "kubernetes.io/hostname", Preferred: "rack"},
+			want: "topology dc: preferred level rack is broader than required level kubernetes.io/hostname (a gang in one hostname is in one rack already)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := ValidateTopology(c.topo)
+			if err == nil {
+				err = ValidateTopologyConstraint(c.c, []Topology{c.topo})
+			}
+			if c.want == "" {
+				assert.NoError(t, err)
+				return
+			}
+			assert.EqualError(t, err, c.want)
+		})
+	}
+	assert.Equal(t, "zone", levelName("topology.kubernetes.io/zone"))
+	assert.Equal(t, "gpu.clique", levelName("nvidia.com/gpu.clique"))
+	assert.Equal(t, "rack", levelName("rack"))
 }
