@@ -31,24 +31,51 @@ const driverOnlySelector = `device.driver == "` + DriverName + `"`
 // the first), so each of the core's alternatives gets its own check.
 func (s *Scheduler) feasibility(pod *v1.Pod, claims []*resourceapi.ResourceClaim, idx *cycleIndex, sub string) (func(node string, gpu int) bool, error) {
 	placed := pod.Spec.NodeName != ""
+	nodeChecks, err := s.nodeChecks(pod, claims, idx, placed)
+	if err != nil {
+		return nil, err
+	}
+	compiled, err := s.compileSelectors(s.deviceSelectors(claims, placed, sub))
+	if err != nil {
+		return nil, err
+	}
+	if len(nodeChecks) == 0 && !idx.taintedGPUs && len(compiled) == 0 {
+		return nil, nil
+	}
+	return feasibleFunc(idx, nodeChecks, compiled), nil
+}
+
+// nodeChecks lists what a node must pass for pod: its volumes' nodes,
+// tolerated taints, required node affinity, and room for claims of other
+// drivers. A placed pod ignores volume errors: it stays where it is.
+func (s *Scheduler) nodeChecks(pod *v1.Pod, claims []*resourceapi.ResourceClaim, idx *cycleIndex, placed bool) ([]func(*v1.Node) bool, error) {
 	vols, err := s.volumesOf(pod)
 	if err != nil && !placed {
 		return nil, err
 	}
-	nodeChecks := vols.checks
+	checks := vols.checks
 	if idx.taintedNodes {
 		tolerations := pod.Spec.Tolerations
-		nodeChecks = append(nodeChecks, func(n *v1.Node) bool { return toleratesAll(tolerations, n.Spec.Taints) })
+		checks = append(checks, func(n *v1.Node) bool { return toleratesAll(tolerations, n.Spec.Taints) })
 	}
 	if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
 		sel, err := nodeaffinity.NewNodeSelector(a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution)
 		if err != nil {
 			return nil, fmt.Errorf("node affinity: %w", err)
 		}
-		nodeChecks = append(nodeChecks, sel.Match)
+		checks = append(checks, sel.Match)
 	}
 	// Claims for other drivers' devices: the node must be able to satisfy
 	// them too (the commit allocates them with the structured allocator).
+	if other := s.otherDriverClaims(claims, placed); len(other) > 0 {
+		checks = append(checks, func(n *v1.Node) bool { return s.otherClaimsFit(n, other, idx) })
+	}
+	return checks, nil
+}
+
+// otherDriverClaims returns the pod's unallocated claims that ask no
+// Tessera DeviceClass (none for a placed pod: its node already holds them).
+func (s *Scheduler) otherDriverClaims(claims []*resourceapi.ResourceClaim, placed bool) []*resourceapi.ResourceClaim {
 	var other []*resourceapi.ResourceClaim
 	for _, c := range claims {
 		if c.Status.Allocation != nil || placed {
@@ -71,9 +98,14 @@ func (s *Scheduler) feasibility(pod *v1.Pod, claims []*resourceapi.ResourceClaim
 			other = append(other, c)
 		}
 	}
-	if len(other) > 0 {
-		nodeChecks = append(nodeChecks, func(n *v1.Node) bool { return s.otherClaimsFit(n, other, idx) })
-	}
+	return other
+}
+
+// deviceSelectors collects the CEL expressions a Tessera device must match:
+// those of the requests' DeviceClasses (but the shipped driver-only one)
+// and of the requests themselves; of a firstAvailable request, subrequest
+// sub's ("": the first).
+func (s *Scheduler) deviceSelectors(claims []*resourceapi.ResourceClaim, placed bool, sub string) []string {
 	var exprs []string
 	for _, c := range claims {
 		if c.Status.Allocation != nil && !placed {
@@ -109,6 +141,12 @@ func (s *Scheduler) feasibility(pod *v1.Pod, claims []*resourceapi.ResourceClaim
 			}
 		}
 	}
+	return exprs
+}
+
+// compileSelectors compiles exprs through the scheduler's cache; an
+// expression that does not compile makes the pod wait, named.
+func (s *Scheduler) compileSelectors(exprs []string) ([]cel.CompilationResult, error) {
 	var compiled []cel.CompilationResult
 	for _, e := range exprs {
 		r := s.celCache.GetOrCompile(e)
@@ -117,10 +155,13 @@ func (s *Scheduler) feasibility(pod *v1.Pod, claims []*resourceapi.ResourceClaim
 		}
 		compiled = append(compiled, r)
 	}
-	gpuChecks := idx.taintedGPUs || len(compiled) > 0
-	if len(nodeChecks) == 0 && !gpuChecks {
-		return nil, nil
-	}
+	return compiled, nil
+}
+
+// feasibleFunc is the check itself: gpu < 0 asks about the node (cached
+// per node for the cycle), else about one GPU of it (healthy, and matching
+// every compiled selector).
+func feasibleFunc(idx *cycleIndex, nodeChecks []func(*v1.Node) bool, compiled []cel.CompilationResult) func(node string, gpu int) bool {
 	nodeOK := map[string]bool{}
 	return func(node string, gpu int) bool {
 		if gpu < 0 {
@@ -156,7 +197,7 @@ func (s *Scheduler) feasibility(pod *v1.Pod, claims []*resourceapi.ResourceClaim
 			}
 		}
 		return true
-	}, nil
+	}
 }
 
 // toleratesAll reports whether tolerations tolerate every NoSchedule and

@@ -191,8 +191,19 @@ func New(opts Options) (*Scheduler, error) {
 	s.broadcaster = record.NewBroadcaster()
 	s.recorder = s.broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: SchedulerName})
 
-	pods := s.factory.Core().V1().Pods()
-	s.podLister = pods.Lister()
+	if err := s.indexInformers(); err != nil {
+		return nil, err
+	}
+	if err := s.addHandlers(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// indexInformers sets the listers the cycle reads and the indexes that keep
+// per-pod reads to one node's or one class's objects.
+func (s *Scheduler) indexInformers() error {
+	s.podLister = s.factory.Core().V1().Pods().Lister()
 	s.nodeLister = s.factory.Core().V1().Nodes().Lister()
 	s.claimLister = s.factory.Resource().V1().ResourceClaims().Lister()
 	s.classLister = s.factory.Resource().V1().DeviceClasses().Lister()
@@ -212,7 +223,7 @@ func New(opts Options) (*Scheduler, error) {
 		}
 		return []string{*sl.Spec.NodeName}, nil
 	}}); err != nil {
-		return nil, err
+		return err
 	}
 	s.sliceIndexer = sliceInformer.GetIndexer()
 	// Volumes by storage class, so a pod waiting for a pre-created volume
@@ -225,7 +236,7 @@ func New(opts Options) (*Scheduler, error) {
 		}
 		return []string{volumehelpers.GetPersistentVolumeClass(pv)}, nil
 	}}); err != nil {
-		return nil, err
+		return err
 	}
 	s.pvIndexer = pvInformer.GetIndexer()
 	s.csiDriverLister = s.factory.Storage().V1().CSIDrivers().Lister()
@@ -239,19 +250,24 @@ func New(opts Options) (*Scheduler, error) {
 		}
 		return []string{c.StorageClassName}, nil
 	}}); err != nil {
-		return nil, err
+		return err
 	}
 	s.capacityIndexer = capacityInformer.GetIndexer()
 	s.queueInformer = s.dfactory.ForResource(QueueGVR).Informer()
 	s.groupInformer = s.dfactory.ForResource(PodGroupGVR).Informer()
 
+	return nil
+}
+
+// addHandlers kicks a cycle on the changes that can matter.
+func (s *Scheduler) addHandlers() error {
 	kick := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { s.Kick() },
 		UpdateFunc: func(any, any) { s.Kick() },
 		DeleteFunc: func(any) { s.Kick() },
 	}
 	// Pods: only changes that can matter (ours, or a pod leaving a node).
-	if _, err := pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := s.factory.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if p, ok := obj.(*v1.Pod); ok && p.Spec.SchedulerName == SchedulerName && p.Spec.NodeName == "" {
 				s.Kick()
@@ -264,14 +280,14 @@ func New(opts Options) (*Scheduler, error) {
 		},
 		DeleteFunc: func(any) { s.Kick() },
 	}); err != nil {
-		return nil, err
+		return err
 	}
 	if _, err := s.factory.Resource().V1().ResourceSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { s.sliceChanged(obj) },
 		UpdateFunc: func(_, obj any) { s.sliceChanged(obj) },
 		DeleteFunc: func(obj any) { s.sliceChanged(obj) },
 	}); err != nil {
-		return nil, err
+		return err
 	}
 	for _, inf := range []cache.SharedIndexInformer{
 		s.factory.Core().V1().Nodes().Informer(),
@@ -283,15 +299,15 @@ func New(opts Options) (*Scheduler, error) {
 		s.factory.Storage().V1().StorageClasses().Informer(),
 		s.factory.Storage().V1().CSINodes().Informer(),
 		s.factory.Storage().V1().CSIDrivers().Informer(),
-		capacityInformer,
+		s.factory.Storage().V1().CSIStorageCapacities().Informer(),
 		s.factory.Core().V1().Namespaces().Informer(),
 		s.queueInformer, s.groupInformer,
 	} {
 		if _, err := inf.AddEventHandler(kick); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return s, nil
+	return nil
 }
 
 // Kick asks for a cycle soon.

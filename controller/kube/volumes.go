@@ -181,66 +181,89 @@ func (s *Scheduler) volumesOf(pod *v1.Pod) (podVolumes, error) {
 		if name == "" {
 			continue
 		}
-		pvc, err := s.pvcLister.PersistentVolumeClaims(pod.Namespace).Get(name)
-		if apierrors.IsNotFound(err) {
-			return out, fmt.Errorf("waiting for PersistentVolumeClaim %q to exist", name)
+		if err := s.addClaim(&out, pod, vol, name); err != nil {
+			return out, err
 		}
-		if err != nil {
-			return out, fmt.Errorf("PersistentVolumeClaim %q: %w", name, err)
-		}
-		if vol.Ephemeral != nil {
-			if err := ephemeral.VolumeIsForPod(pod, pvc); err != nil {
-				return out, err
-			}
-		}
-		if pvc.DeletionTimestamp != nil {
-			return out, fmt.Errorf("PersistentVolumeClaim %q is being deleted", name)
-		}
-		if pvc.Spec.VolumeName != "" {
-			pv, err := s.pvLister.Get(pvc.Spec.VolumeName)
-			if apierrors.IsNotFound(err) {
-				return out, fmt.Errorf("waiting for PersistentVolume %q of claim %q", pvc.Spec.VolumeName, name)
-			}
-			if err != nil {
-				return out, fmt.Errorf("PersistentVolume %q: %w", pvc.Spec.VolumeName, err)
-			}
-			if pv.Spec.NodeAffinity != nil && pv.Spec.NodeAffinity.Required != nil {
-				out.checks = append(out.checks, func(n *v1.Node) bool { return volumehelpers.CheckNodeAffinity(pv, n.Labels) == nil })
-			}
-			continue
-		}
-		class := volumehelpers.GetPersistentVolumeClaimClass(pvc)
-		if class == "" {
-			return out, fmt.Errorf("PersistentVolumeClaim %q is not bound yet (it has no storage class)", name)
-		}
-		sc, err := s.storageClassLister.Get(class)
-		if apierrors.IsNotFound(err) {
-			return out, fmt.Errorf("PersistentVolumeClaim %q is not bound yet: its storage class %q does not exist", name, class)
-		}
-		if err != nil {
-			return out, fmt.Errorf("storage class %q: %w", class, err)
-		}
-		if sc.VolumeBindingMode == nil || *sc.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {
-			return out, fmt.Errorf("PersistentVolumeClaim %q is not bound yet (storage class %q binds immediately)", name, class)
-		}
-		if node := pvc.Annotations[volumehelpers.AnnSelectedNode]; node != "" {
-			out.checks = append(out.checks, func(n *v1.Node) bool { return n.Name == node })
-			continue
-		}
-		d := delayedClaim{pvc: pvc, provision: sc.Provisioner != noProvisioner}
-		if d.provision && len(sc.AllowedTopologies) > 0 {
-			d.allowed = topologyTerms(sc.AllowedTopologies)
-		}
-		if d.provision {
-			if d.capacities, err = s.storageCapacities(sc); err != nil {
-				return out, err
-			}
-		}
-		out.delayed = append(out.delayed, d)
 	}
 	if len(out.delayed) == 0 {
 		return out, nil
 	}
+	if err := s.readDelayed(&out); err != nil {
+		return out, err
+	}
+	out.checks = append(out.checks, func(n *v1.Node) bool {
+		_, ok := out.match(n, nil)
+		return ok
+	})
+	return out, nil
+}
+
+// addClaim adds the PersistentVolumeClaim name behind vol to out: a node
+// check for a bound or node-selected claim, a delayed claim for one that
+// waits for its first consumer. An error says why the pod must wait.
+func (s *Scheduler) addClaim(out *podVolumes, pod *v1.Pod, vol *v1.Volume, name string) error {
+	pvc, err := s.pvcLister.PersistentVolumeClaims(pod.Namespace).Get(name)
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("waiting for PersistentVolumeClaim %q to exist", name)
+	}
+	if err != nil {
+		return fmt.Errorf("PersistentVolumeClaim %q: %w", name, err)
+	}
+	if vol.Ephemeral != nil {
+		if err := ephemeral.VolumeIsForPod(pod, pvc); err != nil {
+			return err
+		}
+	}
+	if pvc.DeletionTimestamp != nil {
+		return fmt.Errorf("PersistentVolumeClaim %q is being deleted", name)
+	}
+	if pvc.Spec.VolumeName != "" {
+		pv, err := s.pvLister.Get(pvc.Spec.VolumeName)
+		if apierrors.IsNotFound(err) {
+			return fmt.Errorf("waiting for PersistentVolume %q of claim %q", pvc.Spec.VolumeName, name)
+		}
+		if err != nil {
+			return fmt.Errorf("PersistentVolume %q: %w", pvc.Spec.VolumeName, err)
+		}
+		if pv.Spec.NodeAffinity != nil && pv.Spec.NodeAffinity.Required != nil {
+			out.checks = append(out.checks, func(n *v1.Node) bool { return volumehelpers.CheckNodeAffinity(pv, n.Labels) == nil })
+		}
+		return nil
+	}
+	class := volumehelpers.GetPersistentVolumeClaimClass(pvc)
+	if class == "" {
+		return fmt.Errorf("PersistentVolumeClaim %q is not bound yet (it has no storage class)", name)
+	}
+	sc, err := s.storageClassLister.Get(class)
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("PersistentVolumeClaim %q is not bound yet: its storage class %q does not exist", name, class)
+	}
+	if err != nil {
+		return fmt.Errorf("storage class %q: %w", class, err)
+	}
+	if sc.VolumeBindingMode == nil || *sc.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {
+		return fmt.Errorf("PersistentVolumeClaim %q is not bound yet (storage class %q binds immediately)", name, class)
+	}
+	if node := pvc.Annotations[volumehelpers.AnnSelectedNode]; node != "" {
+		out.checks = append(out.checks, func(n *v1.Node) bool { return n.Name == node })
+		return nil
+	}
+	d := delayedClaim{pvc: pvc, provision: sc.Provisioner != noProvisioner}
+	if d.provision && len(sc.AllowedTopologies) > 0 {
+		d.allowed = topologyTerms(sc.AllowedTopologies)
+	}
+	if d.provision {
+		if d.capacities, err = s.storageCapacities(sc); err != nil {
+			return err
+		}
+	}
+	out.delayed = append(out.delayed, d)
+	return nil
+}
+
+// readDelayed lists the PersistentVolumes of the delayed claims' classes
+// into out.pvs, and fails when a delayed claim can be served nowhere.
+func (s *Scheduler) readDelayed(out *podVolumes) error {
 	classes := map[string]bool{}
 	for _, d := range out.delayed {
 		class := volumehelpers.GetPersistentVolumeClaimClass(d.pvc)
@@ -250,7 +273,7 @@ func (s *Scheduler) volumesOf(pod *v1.Pod) (podVolumes, error) {
 		classes[class] = true
 		objs, err := s.pvIndexer.ByIndex(pvClassIndex, class)
 		if err != nil {
-			return out, fmt.Errorf("listing PersistentVolumes of storage class %q: %w", class, err)
+			return fmt.Errorf("listing PersistentVolumes of storage class %q: %w", class, err)
 		}
 		for _, o := range objs {
 			out.pvs = append(out.pvs, o.(*v1.PersistentVolume))
@@ -271,13 +294,9 @@ func (s *Scheduler) volumesOf(pod *v1.Pod) (podVolumes, error) {
 		if pv, err := volumehelpers.FindMatchingVolume(d.pvc, out.pvs, nil, nil, false, true); err == nil && pv != nil {
 			continue
 		}
-		return out, why
+		return why
 	}
-	out.checks = append(out.checks, func(n *v1.Node) bool {
-		_, ok := out.match(n, nil)
-		return ok
-	})
-	return out, nil
+	return nil
 }
 
 // storageCapacities returns the CSIStorageCapacity objects of class sc when
