@@ -114,6 +114,13 @@ func (s *session) gates(j *jobState, req Resources, checkLimit bool) string {
 
 // findPlace is bestNode with a memo of shapes known not to fit.
 func (s *session) findPlace(p *podState) (*plan, string) {
+	if p.mask != nil {
+		// Kept to a domain: what fits elsewhere is not this pod's answer.
+		if pl := s.bestNode(p); pl != nil {
+			return pl, ""
+		}
+		return nil, s.whyNot(p)
+	}
 	if e, ok := s.failCache[p.shape]; ok && e.epoch == s.freeEpoch {
 		return nil, e.reason
 	}
@@ -205,7 +212,7 @@ func (s *session) allocate() {
 	}
 	s.runOrdered(func(j *jobState) bool { return j.short() }, gangNeed, func(j *jobState) bool {
 		tried[j] = true
-		s.allocateJob(j, ActionAllocate)
+		s.allocateTopo(j)
 		return false
 	})
 	// Pods beyond minMember.
@@ -223,6 +230,10 @@ func (s *session) allocate() {
 	s.runOrdered(func(j *jobState) bool { return true }, extraNeed, func(j *jobState) bool {
 		// The biggest first; when it does not fit, a smaller one may.
 		c := s.candidates(j)
+		if j.hasTopology() {
+			s.maskExtra(j, c)
+			defer setMask(c, nil)
+		}
 		firstWhy, gated := "", false
 		for _, p := range c {
 			if why := s.gates(j, p.res, true); why != "" {

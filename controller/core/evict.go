@@ -489,7 +489,7 @@ func (s *session) reclaim() {
 			return false
 		}
 		for i, set := range l.list() {
-			if s.reclaimSet(j, set, i == 0) {
+			if s.inTopology(j, set, true, func(first bool) bool { return s.reclaimSet(j, set, i == 0 && first) }) {
 				return true // next pod of the job, if any
 			}
 		}
@@ -752,7 +752,9 @@ func (s *session) preempt() {
 			},
 		}
 		for i, set := range l.list() {
-			if s.atPrices(set, func(first bool) bool { return s.preemptSetAt(j, set, pol, i == 0 && first) }) {
+			if s.inTopology(j, set, true, func(inFirst bool) bool {
+				return s.atPrices(set, func(first bool) bool { return s.preemptSetAt(j, set, pol, i == 0 && inFirst && first) })
+			}) {
 				tried[j] = false
 				return
 			}
@@ -887,8 +889,10 @@ func (s *session) consolidate() {
 		unmovable := map[*podState]bool{}
 		pol := &evictPolicy{
 			action: ActionConsolidate,
+			// A topology-constrained gang's pods are not moved: a move
+			// re-places pods one by one, anywhere.
 			eligible: func(v *podState) bool {
-				return v.job.preemptible && v.job != j && !v.pinned && !unmovable[v]
+				return v.job.preemptible && v.job != j && !v.pinned && !unmovable[v] && !v.job.hasTopology()
 			},
 			// A pod that fits nowhere now, not even beside itself, cannot be
 			// re-placed later either (the plan only takes capacity).
@@ -905,9 +909,11 @@ func (s *session) consolidate() {
 			},
 		}
 		for _, set := range l.list() {
-			if s.atPrices(set, func(bool) bool {
-				req := sumRes(set)
-				return s.gates(j, req, true) == "" && s.fitsFree(req, s.memSlack) && s.consolidateSet(j, set, pol, unmovable)
+			if s.inTopology(j, set, true, func(bool) bool {
+				return s.atPrices(set, func(bool) bool {
+					req := sumRes(set)
+					return s.gates(j, req, true) == "" && s.fitsFree(req, s.memSlack) && s.consolidateSet(j, set, pol, unmovable)
+				})
 			}) {
 				tried[j] = false
 				return

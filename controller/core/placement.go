@@ -196,6 +196,7 @@ type failKind int
 const (
 	fitOK failKind = iota
 	failUnschedulable
+	failTopology // outside the domain a topology-constrained try keeps it to
 	failSelector
 	failModel
 	failFeasible
@@ -215,6 +216,9 @@ const (
 func staticFit(p *podState, n *nodeState) failKind {
 	if n.unschedulable {
 		return failUnschedulable
+	}
+	if p.mask != nil && !p.mask[n.idx] {
+		return failTopology
 	}
 	for k, v := range p.selector {
 		if lv, ok := n.labels[k]; !ok || lv != v {
@@ -507,7 +511,7 @@ func (s *session) bestNode(p *podState) *plan {
 		if p.other != nil && !otherFits(p, n) {
 			continue
 		}
-		if n.unschedulable || (len(p.selector) > 0 && staticFit(p, n) != fitOK) {
+		if n.unschedulable || (p.mask != nil && !p.mask[n.idx]) || (len(p.selector) > 0 && staticFit(p, n) != fitOK) {
 			continue
 		}
 		sc := s.scorer.score(p, n, used, false)
@@ -606,7 +610,7 @@ func (s *session) whyNotCounted(p *podState) (string, map[failKind]int) {
 	switch {
 	case len(s.nodes) == 0:
 		return "the cluster has no nodes", counts
-	case counts[failUnschedulable]+counts[failSelector]+counts[failModel]+counts[failFeasible]+counts[failApart]+counts[failNear]+counts[failSpread] == len(s.nodes):
+	case counts[failUnschedulable]+counts[failTopology]+counts[failSelector]+counts[failModel]+counts[failFeasible]+counts[failApart]+counts[failNear]+counts[failSpread] == len(s.nodes):
 		if counts[failSpread] > 0 {
 			return "every node it could use would break its topology spread (maxSkew)", counts
 		}
@@ -624,6 +628,9 @@ func (s *session) whyNotCounted(p *podState) (string, map[failKind]int) {
 		}
 		if counts[failSelector] > 0 {
 			return "no schedulable node matches its node selector", counts
+		}
+		if counts[failTopology] > 0 {
+			return "no schedulable node of its gang's topology domain matches it", counts
 		}
 		return "every node is unschedulable", counts
 	case counts[failNVLink] > 0:

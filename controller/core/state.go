@@ -139,6 +139,9 @@ type podState struct {
 	// feasible and shape are alts[alt]'s (setAlt).
 	alts []podRequest
 	alt  int
+	// mask, when not nil, keeps the pod to the nodes it marks (by node idx)
+	// while a topology-constrained try runs (topology.go).
+	mask []bool
 	// held marks a stand-in that keeps an evicted pod's unused capacity
 	// taken until the end of the cycle (session.holdFreed); it belongs to
 	// no queue and makes no decision.
@@ -185,7 +188,9 @@ type jobState struct {
 	created     time.Time
 	belowSince  time.Time
 	// subs are Job.SubGroups, in order (subgroups.go).
-	subs   []*subState
+	subs []*subState
+	// topo is Job.Topology resolved; nil for none.
+	topo   *topoReq
 	pods   []*podState
 	placed int
 	// invalid counts its pending pods left out of the cycle (addPods).

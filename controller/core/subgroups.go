@@ -17,6 +17,8 @@ type subState struct {
 	// min is the declared minimum: never clamped to the pods naming it.
 	min    int
 	placed int
+	// topo is SubGroup.Topology resolved; nil for none.
+	topo *topoReq
 }
 
 // subGroupsProblem says why a job's subgroups cannot be taken as given
@@ -39,13 +41,13 @@ func subGroupsProblem(j *Job) string {
 }
 
 // newSubs builds a job's subgroup states (nil without subgroups).
-func newSubs(j *Job) []*subState {
+func (s *session) newSubs(j *Job) []*subState {
 	if len(j.SubGroups) == 0 {
 		return nil
 	}
 	out := make([]*subState, len(j.SubGroups))
 	for i, g := range j.SubGroups {
-		out[i] = &subState{name: g.Name, idx: i, min: g.MinMember}
+		out[i] = &subState{name: g.Name, idx: i, min: g.MinMember, topo: s.resolveTopo(g.Topology)}
 	}
 	return out
 }

@@ -208,7 +208,7 @@ func (s *session) addJobs(snap *Snapshot) {
 			continue
 		}
 		q := s.queueByN[j.Queue]
-		js := &jobState{name: j.Name, queue: q, priority: j.Priority, preemptible: j.Preemptible, neverEvicts: j.NeverEvicts, disruption: j.Disruption, minMember: j.MinMember, declaredMin: j.MinMember, created: j.CreatedAt, belowSince: j.BelowMinMemberSince, subs: newSubs(j)}
+		js := &jobState{name: j.Name, queue: q, priority: j.Priority, preemptible: j.Preemptible, neverEvicts: j.NeverEvicts, disruption: j.Disruption, minMember: j.MinMember, declaredMin: j.MinMember, created: j.CreatedAt, belowSince: j.BelowMinMemberSince, subs: s.newSubs(j), topo: s.resolveTopo(j.Topology)}
 		if js.minMember <= 0 || js.minMember > len(j.Pods) {
 			js.minMember = max(len(j.Pods), 1)
 		}

@@ -21,9 +21,12 @@ type fileScenario struct {
 	Time   *fileTime   `json:"time"`
 	Config *fileConfig `json:"config"`
 	Nodes  []fileNode  `json:"nodes"`
-	Queues []fileQueue `json:"queues"`
-	Jobs   []fileJob   `json:"jobs"`
-	Expect *fileExpect `json:"expect"`
+	// Topologies are the network layouts jobs may ask to be kept within
+	// (core.Topology).
+	Topologies []fileTopology `json:"topologies"`
+	Queues     []fileQueue    `json:"queues"`
+	Jobs       []fileJob      `json:"jobs"`
+	Expect     *fileExpect    `json:"expect"`
 }
 
 type fileTime struct {
@@ -89,7 +92,10 @@ type fileJob struct {
 	// SubGroups: parts of the gang with minimums of their own
 	// (core.Job.SubGroups); pods name theirs in subGroup.
 	SubGroups []fileSubGroup `json:"subGroups"`
-	CreatedAt *Quantity      `json:"createdAt"`
+	// Topology keeps the gang in one domain of a level
+	// (core.Job.Topology).
+	Topology  *fileTopologyConstraint `json:"topology"`
+	CreatedAt *Quantity               `json:"createdAt"`
 	// ArriveAt, RunFor and Repeat need a timed run (time:): when the job
 	// appears, how long its gang runs before it finishes, and copies of it
 	// arriving at intervals.
@@ -105,8 +111,20 @@ type fileRepeat struct {
 }
 
 type fileSubGroup struct {
+	Name      string                  `json:"name"`
+	MinMember *int                    `json:"minMember"`
+	Topology  *fileTopologyConstraint `json:"topology"`
+}
+
+type fileTopology struct {
+	Name   string   `json:"name"`
+	Levels []string `json:"levels"`
+}
+
+type fileTopologyConstraint struct {
 	Name      string `json:"name"`
-	MinMember *int   `json:"minMember"`
+	Required  string `json:"required"`
+	Preferred string `json:"preferred"`
 }
 
 type filePod struct {

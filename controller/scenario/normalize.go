@@ -82,10 +82,16 @@ func normalize(fs *fileScenario) (*Spec, error) {
 		return nil, err
 	}
 	s.Nodes = nodes
+	if s.Topologies, err = normalizeTopologies(fs.Topologies); err != nil {
+		return nil, err
+	}
 	if s.Queues, err = normalizeQueues(fs.Queues); err != nil {
 		return nil, err
 	}
 	if s.Jobs, err = normalizeJobs(fs.Jobs, s.Queues, s.Nodes, s.Timed); err != nil {
+		return nil, err
+	}
+	if err := checkConstraints(s); err != nil {
 		return nil, err
 	}
 	arrivals(s)
@@ -196,6 +202,7 @@ func normalizeNodes(in []fileNode) ([]Node, error) {
 			if prev, dup := where[nn.Name]; dup {
 				return nil, ferr(p+".name", "node %s is defined twice (also by %s)", nn.Name, prev)
 			}
+			nn.Labels = withHostname(fn.Labels, nn.Name)
 			where[nn.Name] = p
 			out = append(out, nn)
 		}
@@ -472,6 +479,7 @@ func normalizeJobs(in []fileJob, queues []Queue, nodes []Node, timed bool) ([]Jo
 		if err := normalizeSubGroups(&j, fj, p); err != nil {
 			return nil, err
 		}
+		j.Topology = constraint(fj.Topology)
 		out = append(out, j)
 	}
 	return out, nil
@@ -938,7 +946,80 @@ func normalizeSubGroups(j *Job, fj fileJob, p string) error {
 		case *fg.MinMember < 1 || *fg.MinMember > count[fg.Name]:
 			return ferr(gp+".minMember", "%d is out of range (1 to the %d pods that name subgroup %s)", *fg.MinMember, count[fg.Name], fg.Name)
 		}
-		j.SubGroups = append(j.SubGroups, SubGroup{Name: fg.Name, MinMember: *fg.MinMember})
+		j.SubGroups = append(j.SubGroups, SubGroup{Name: fg.Name, MinMember: *fg.MinMember, Topology: constraint(fg.Topology)})
+	}
+	return nil
+}
+
+// hostnameLabel is the label Kubernetes gives every node: its name.
+const hostnameLabel = "kubernetes.io/hostname"
+
+// withHostname is a node's labels with kubernetes.io/hostname set to its
+// name, as Kubernetes sets it, unless the file sets it.
+func withHostname(labels map[string]string, name string) map[string]string {
+	if _, ok := labels[hostnameLabel]; ok {
+		return labels
+	}
+	out := make(map[string]string, len(labels)+1)
+	for k, v := range labels {
+		out[k] = v
+	}
+	out[hostnameLabel] = name
+	return out
+}
+
+// normalizeTopologies reads topologies: each a unique name and its levels
+// (node label keys, broadest first), checked as the core checks them.
+func normalizeTopologies(in []fileTopology) ([]core.Topology, error) {
+	var out []core.Topology
+	seen := map[string]bool{}
+	for i, ft := range in {
+		p := listElem("topologies", ft.Name, i)
+		t := core.Topology{Name: ft.Name, Levels: ft.Levels}
+		switch err := core.ValidateTopology(t); {
+		case ft.Name == "":
+			return nil, ferr(p+".name", "required")
+		case seen[ft.Name]:
+			return nil, ferr(p+".name", "topology %s is defined twice", ft.Name)
+		case err != nil:
+			return nil, ferr(p+".levels", "%v", err)
+		}
+		seen[ft.Name] = true
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// constraint is a topology: field for the core (nil: none).
+func constraint(fc *fileTopologyConstraint) *core.TopologyConstraint {
+	if fc == nil {
+		return nil
+	}
+	return &core.TopologyConstraint{Topology: fc.Name, Required: fc.Required, Preferred: fc.Preferred}
+}
+
+// checkConstraints checks every job's and subgroup's topology: against
+// the file's topologies, with the core's words.
+func checkConstraints(s *Spec) error {
+	for ji, j := range s.Jobs {
+		p := listElem("jobs", j.Name, ji)
+		if j.Topology != nil {
+			if err := core.ValidateTopologyConstraint(*j.Topology, s.Topologies); err != nil {
+				return ferr(p+".topology", "%v", err)
+			}
+		}
+		for gi, g := range j.SubGroups {
+			if g.Topology == nil {
+				continue
+			}
+			gp := listElem(p+".subGroups", g.Name, gi) + ".topology"
+			if j.Topology != nil && g.Topology.Topology != j.Topology.Topology {
+				return ferr(gp+".name", "%s is not the job's topology %s", g.Topology.Topology, j.Topology.Topology)
+			}
+			if err := core.ValidateTopologyConstraint(*g.Topology, s.Topologies); err != nil {
+				return ferr(gp, "%v", err)
+			}
+		}
 	}
 	return nil
 }

@@ -386,14 +386,14 @@ func (r *runner) tracef(format string, args ...any) {
 }
 
 func (r *runner) snapshot(now time.Time) *core.Snapshot {
-	s := &core.Snapshot{Now: now, Nodes: r.nodes, Queues: r.queues, Usage: r.usage}
+	s := &core.Snapshot{Now: now, Nodes: r.nodes, Queues: r.queues, Usage: r.usage, Topologies: r.spec.Topologies}
 	for ji := range r.spec.Jobs {
 		j := &r.spec.Jobs[ji]
 		if l := r.jobs[ji]; !l.arrived || l.finished {
 			continue
 		}
 		cj := core.Job{Name: j.Name, Queue: j.Queue, Priority: int32(j.Priority), Preemptible: j.Preemptible, NeverEvicts: j.NeverEvicts,
-			Disruption: core.Disruption(j.Disruption), MinMember: j.MinMember, BelowMinMemberSince: r.since[j.Name], SubGroups: subGroups(j),
+			Disruption: core.Disruption(j.Disruption), MinMember: j.MinMember, BelowMinMemberSince: r.since[j.Name], SubGroups: subGroups(j), Topology: j.Topology,
 			// Jobs created in the same second are older in file order
 			// (SCENARIOS.md: createdAt, default file order): a nanosecond
 			// per position breaks the tie without moving any second.
@@ -751,7 +751,7 @@ func intsString(v []int) string {
 func subGroups(j *Job) []core.SubGroup {
 	var out []core.SubGroup
 	for _, g := range j.SubGroups {
-		out = append(out, core.SubGroup{Name: g.Name, MinMember: g.MinMember})
+		out = append(out, core.SubGroup{Name: g.Name, MinMember: g.MinMember, Topology: g.Topology})
 	}
 	return out
 }

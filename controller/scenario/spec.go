@@ -20,11 +20,13 @@ type Spec struct {
 	Consolidation bool
 	Placement     string // "binpack" | "spread"
 	// Usage, when set, is fair share with history (config.usage).
-	Usage  *Usage
-	Nodes  []Node
-	Queues []Queue // file order; "default" added when the file lists none
-	Jobs   []Job
-	Expect Expect
+	Usage *Usage
+	Nodes []Node
+	// Topologies are topologies:, in file order.
+	Topologies []core.Topology
+	Queues     []Queue // file order; "default" added when the file lists none
+	Jobs       []Job
+	Expect     Expect
 }
 
 // podOverhead is what one pod costs the core in a cycle besides trying it
@@ -139,6 +141,8 @@ type Job struct {
 	// SubGroups are the gang's parts with minimums of their own, in file
 	// order; pods name theirs in Pod.SubGroup.
 	SubGroups []SubGroup
+	// Topology is the job's topology: constraint; nil for none.
+	Topology  *core.TopologyConstraint
 	CreatedAt int64 // seconds
 	// ArriveAt is when a timed run's job appears, in seconds from the
 	// run's start (0: from the start); RunFor how long its gang runs
@@ -152,6 +156,7 @@ type Job struct {
 type SubGroup struct {
 	Name      string
 	MinMember int
+	Topology  *core.TopologyConstraint // nil for none
 }
 
 // Below says whether a job with placed pods (placed says which) is below
