@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
 	"strings"
@@ -49,6 +50,14 @@ type options struct {
 	webhookAddr     string
 	webhookCertDir  string
 	podGrouper      bool
+	// Usage history (controller/kube, usage.go).
+	usageHistory   bool
+	usageHalfLife  time.Duration
+	usageWindow    time.Duration
+	usageBucket    time.Duration
+	usageCoeff     float64
+	usageNamespace string
+	usageConfigMap string
 }
 
 // defaultNamespace is the controller's own namespace: the pod's (from the
@@ -84,6 +93,13 @@ func bindFlags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&o.webhookAddr, "webhook-addr", "", "address of the admission webhook for the fraction annotations, served over TLS by every replica (empty: off)")
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/etc/tessera/webhook", "directory of the webhook's tls.crt and tls.key (read again when they change)")
 	fs.BoolVar(&o.podGrouper, "pod-grouper", true, "give pods of Jobs, JobSets, Kubeflow jobs, LeaderWorkerSets and Ray clusters that name no group the gang their workload needs (controller/grouper); such pods wait for it")
+	fs.BoolVar(&o.usageHistory, "usage-history", true, "keep each queue's decayed usage from what its pods held (Queue status, tessera_queue_usage), saved in a ConfigMap so a restart or failover continues it")
+	fs.DurationVar(&o.usageHalfLife, "usage-half-life", 24*time.Hour, "half-life of the usage history's decay (0: none)")
+	fs.DurationVar(&o.usageWindow, "usage-window", 7*24*time.Hour, "how far back the usage history reaches (a whole number of buckets, at most 2016)")
+	fs.DurationVar(&o.usageBucket, "usage-bucket", 5*time.Minute, "usage history bucket: recent usage changes when one closes")
+	fs.Float64Var(&o.usageCoeff, "usage-coefficient", 0, "weight of recent usage in the over-quota split of fair share, 0 to 100 (0: by weight alone, as without history; DESIGN.md, Fair share with history)")
+	fs.StringVar(&o.usageNamespace, "usage-namespace", defaultNamespace(), "namespace of the usage history's ConfigMap")
+	fs.StringVar(&o.usageConfigMap, "usage-configmap", kube.DefaultUsageConfigMap, "name of the usage history's ConfigMap")
 	fs.BoolVar(&o.releaseOnCancel, "leader-elect-release-on-cancel", true, "give the Lease up on a clean shutdown so a standby takes over at once")
 }
 
@@ -108,6 +124,9 @@ func (o *options) validate() error {
 	if o.qps <= 0 || o.burst <= 0 {
 		return fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive")
 	}
+	if err := o.validateUsage(); err != nil {
+		return err
+	}
 	if o.leaderElect {
 		if o.leaseNamespace == "" || o.leaseName == "" {
 			return fmt.Errorf("--leader-elect-namespace and --leader-elect-lease-name must be set")
@@ -117,6 +136,30 @@ func (o *options) validate() error {
 		}
 	}
 	return nil
+}
+
+// validateUsage checks the usage-history flags.
+func (o *options) validateUsage() error {
+	if o.usageCoeff < 0 || o.usageCoeff > float64(core.MaxUsageCoefficient)/1000 || math.IsNaN(o.usageCoeff) {
+		return fmt.Errorf("--usage-coefficient must be from 0 to %d, not %v", core.MaxUsageCoefficient/1000, o.usageCoeff)
+	}
+	if o.usageCoeff > 0 && !o.usageHistory {
+		return fmt.Errorf("--usage-coefficient needs --usage-history")
+	}
+	if !o.usageHistory {
+		return nil
+	}
+	if err := o.usageConfig().Validate(); err != nil {
+		return fmt.Errorf("--usage-bucket, --usage-window, --usage-half-life: %w", err)
+	}
+	if o.usageNamespace == "" || o.usageConfigMap == "" {
+		return fmt.Errorf("--usage-namespace and --usage-configmap must be set with --usage-history")
+	}
+	return nil
+}
+
+func (o *options) usageConfig() core.UsageConfig {
+	return core.UsageConfig{HalfLife: o.usageHalfLife, Window: o.usageWindow, Bucket: o.usageBucket}
 }
 
 func (o *options) restConfig() (*rest.Config, error) {
@@ -138,13 +181,19 @@ func (o *options) appConfig(rc *rest.Config) app.Config {
 		// would be surprising, so 0 here keeps the default too.
 		stale = core.DefaultStaleGangTimeout
 	}
+	var usage *kube.UsageOptions
+	if o.usageHistory {
+		usage = &kube.UsageOptions{Config: o.usageConfig(), Namespace: o.usageNamespace, Name: o.usageConfigMap}
+	}
 	return app.Config{
 		RestConfig: rc,
+		Usage:      usage,
 		Interval:   o.interval,
 		Core: core.Config{
 			Placement:            core.PlacementPolicy(o.placement),
 			DisableConsolidation: !o.consolidation,
 			StaleGangTimeout:     stale,
+			UsageCoefficient:     int64(math.Round(o.usageCoeff * 1000)),
 		},
 		Workers:         o.workers,
 		GPUResource:     o.gpuResource,

@@ -44,6 +44,24 @@ func TestFlagDefaults(t *testing.T) {
 	if cfg.GPUResource != "nvidia.com/gpu" {
 		t.Errorf("GPU resource %q", cfg.GPUResource)
 	}
+	// History on (status and metrics), not weighed: fair share as before.
+	if u := cfg.Usage; u == nil || u.Config != (core.UsageConfig{HalfLife: 24 * time.Hour, Window: 7 * 24 * time.Hour, Bucket: 5 * time.Minute}) || u.Name != "tessera-usage" || cfg.Core.UsageCoefficient != 0 {
+		t.Errorf("usage history %+v, coefficient %d", u, cfg.Core.UsageCoefficient)
+	}
+}
+
+func TestUsageFlags(t *testing.T) {
+	o, err := parse(t, "--usage-coefficient=0.5", "--usage-bucket=1m", "--usage-window=1h", "--usage-half-life=0", "--usage-configmap=u", "--usage-namespace=ns")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := o.appConfig(&rest.Config{})
+	if u := cfg.Usage; u == nil || u.Config != (core.UsageConfig{Window: time.Hour, Bucket: time.Minute}) || u.Name != "u" || u.Namespace != "ns" || cfg.Core.UsageCoefficient != 500 {
+		t.Errorf("usage history %+v, coefficient %d", u, cfg.Core.UsageCoefficient)
+	}
+	if o, err = parse(t, "--usage-history=false"); err != nil || o.appConfig(&rest.Config{}).Usage != nil {
+		t.Errorf("--usage-history=false: %v, %+v", err, o)
+	}
 }
 
 func TestFlags(t *testing.T) {
@@ -69,6 +87,13 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"--webhook-addr=:9443", "--webhook-cert-dir="}, "--webhook-cert-dir"},
 		{[]string{"--kube-api-qps=0"}, "--kube-api-qps"},
 		{[]string{"--leader-elect-lease-duration=5s", "--leader-elect-renew-deadline=10s"}, "lease duration > renew deadline"},
+		{[]string{"--usage-coefficient=101"}, "--usage-coefficient must be from 0 to 100"},
+		{[]string{"--usage-coefficient=-1"}, "--usage-coefficient"},
+		{[]string{"--usage-coefficient=1", "--usage-history=false"}, "needs --usage-history"},
+		{[]string{"--usage-bucket=5m", "--usage-window=7m"}, "whole number of buckets"},
+		{[]string{"--usage-bucket=1m", "--usage-window=168h"}, "at most 2016"},
+		{[]string{"--usage-half-life=-1h"}, "halfLife"},
+		{[]string{"--usage-configmap="}, "--usage-configmap"},
 	} {
 		_, err := parse(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -59,6 +59,8 @@ type Config struct {
 	// scheduler: pods of Jobs, JobSets, training jobs, LWS and Ray get the
 	// gang their workload needs, and wait for it.
 	PodGrouper bool
+	// Usage, when set, keeps the usage history (kube.Options.Usage).
+	Usage *kube.UsageOptions
 
 	// LeaderElect runs the scheduler only while holding the Lease
 	// LeaseNamespace/LeaseName. Without it the scheduler runs at once.
@@ -169,7 +171,7 @@ func New(cfg Config) (*Controller, error) {
 	opts := kube.Options{
 		Client: client, Dynamic: dyn,
 		Interval: cfg.Interval, Core: cfg.Core, Workers: cfg.Workers,
-		Metrics: metrics, GPUResource: cfg.GPUResource, Hook: cfg.CommitHook,
+		Metrics: metrics, GPUResource: cfg.GPUResource, Hook: cfg.CommitHook, Usage: cfg.Usage,
 	}
 	if cfg.PodGrouper {
 		if c.grouper, err = grouper.New(grouper.Options{Client: client, Dynamic: dyn}); err != nil {

@@ -14,6 +14,7 @@ type Metrics struct {
 	queueAllocated *prometheus.GaugeVec
 	queuePending   *prometheus.GaugeVec
 	queueQuota     *prometheus.GaugeVec
+	queueUsage     *prometheus.GaugeVec
 	// queues are the queues of the last commit, whose series a commit
 	// without them deletes (a deleted Queue must not look starved forever).
 	queues       map[string]bool
@@ -40,14 +41,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		queueAllocated: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tessera_queue_allocated", Help: "What a queue's pods hold per resource."}, queueLabels),
 		queuePending:   prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tessera_queue_pending", Help: "What a queue's pending pods ask for per resource."}, queueLabels),
 		queueQuota:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tessera_queue_quota", Help: "Guaranteed amount of a queue per resource (-1: unlimited)."}, queueLabels),
-		pendingPods:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "tessera_pending_pods", Help: "Pods waiting for tessera-scheduler."}),
-		cycle:          prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tessera_cycle_duration_seconds", Help: "Duration of a whole scheduling cycle (snapshot, decide, commit, status).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
-		decide:         prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tessera_decide_duration_seconds", Help: "Duration of the scheduling core's part of a cycle.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
-		action:         prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tessera_action_duration_seconds", Help: "Duration of each step of the scheduling core.", Buckets: prometheus.ExponentialBuckets(0.00001, 2, 20)}, []string{"action"}),
-		binds:          prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_binds_total", Help: "Pods this replica bound (a bind that a previous leader made first is not counted)."}),
-		evictions:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tessera_evictions_total", Help: "Pods evicted, by the action that evicted them."}, []string{"reason"}),
-		apiErrors:      prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_api_errors_total", Help: "API calls of a commit that failed."}),
-		bindFailures:   prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_bind_failures_total", Help: "Placements the core chose that could not be committed."}),
+		queueUsage: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tessera_queue_usage",
+			Help: "Recent usage of a queue per resource: decayed resource-seconds of the usage history (GPU-, core-, byte-seconds; a parent's is its subtree's)."}, queueLabels),
+		pendingPods:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "tessera_pending_pods", Help: "Pods waiting for tessera-scheduler."}),
+		cycle:        prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tessera_cycle_duration_seconds", Help: "Duration of a whole scheduling cycle (snapshot, decide, commit, status).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+		decide:       prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tessera_decide_duration_seconds", Help: "Duration of the scheduling core's part of a cycle.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
+		action:       prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tessera_action_duration_seconds", Help: "Duration of each step of the scheduling core.", Buckets: prometheus.ExponentialBuckets(0.00001, 2, 20)}, []string{"action"}),
+		binds:        prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_binds_total", Help: "Pods this replica bound (a bind that a previous leader made first is not counted)."}),
+		evictions:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tessera_evictions_total", Help: "Pods evicted, by the action that evicted them."}, []string{"reason"}),
+		apiErrors:    prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_api_errors_total", Help: "API calls of a commit that failed."}),
+		bindFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_bind_failures_total", Help: "Placements the core chose that could not be committed."}),
 		assignmentsIgnored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tessera_assignments_ignored_total",
 			Help: "GPU assignment annotations ignored on bound pods that do not ask for what they assign (counted once per pod and value), by reason."}, []string{"reason"}),
 		nodeDisagreements: prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_device_plugin_disagreements_total",
@@ -60,7 +63,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, a := range []core.Action{core.ActionPreempt, core.ActionReclaim, core.ActionConsolidate, core.ActionStaleGang} {
 		m.evictions.WithLabelValues(string(a))
 	}
-	reg.MustRegister(m.queueFairShare, m.queueAllocated, m.queuePending, m.queueQuota, m.pendingPods, m.cycle, m.decide, m.action, m.binds, m.evictions, m.apiErrors, m.bindFailures,
+	reg.MustRegister(m.queueFairShare, m.queueAllocated, m.queuePending, m.queueQuota, m.queueUsage, m.pendingPods, m.cycle, m.decide, m.action, m.binds, m.evictions, m.apiErrors, m.bindFailures,
 		m.assignmentsIgnored, m.nodeDisagreements, m.fenced)
 	return m
 }
@@ -92,7 +95,7 @@ func quantity(r core.Resource, v int64) float64 {
 // observeCommit records what a cycle decided and committed. It runs before
 // the cycle writes statuses and events, so a reader who sees a pod's status
 // finds metrics at least as new.
-func (m *Metrics) observeCommit(res *core.Result, idx *cycleIndex, st *commitStats) {
+func (m *Metrics) observeCommit(res *core.Result, idx *cycleIndex, st *commitStats, usage map[string]core.Resources) {
 	m.binds.Add(float64(st.bound))
 	for a, n := range st.evictionsByWhat {
 		m.evictions.WithLabelValues(string(a)).Add(float64(n))
@@ -111,11 +114,14 @@ func (m *Metrics) observeCommit(res *core.Result, idx *cycleIndex, st *commitSta
 			m.queueAllocated.WithLabelValues(name, r.String()).Set(quantity(r, q.Allocated[r]))
 			m.queuePending.WithLabelValues(name, r.String()).Set(quantity(r, q.Pending[r]))
 			m.queueQuota.WithLabelValues(name, r.String()).Set(limitQuantity(r, q.Quota[r]))
+			if usage != nil {
+				m.queueUsage.WithLabelValues(name, r.String()).Set(quantity(r, usageAmount(r, usage[name][r])))
+			}
 		}
 	}
 	for name := range m.queues {
 		if !seen[name] {
-			for _, v := range []*prometheus.GaugeVec{m.queueFairShare, m.queueAllocated, m.queuePending, m.queueQuota} {
+			for _, v := range []*prometheus.GaugeVec{m.queueFairShare, m.queueAllocated, m.queuePending, m.queueQuota, m.queueUsage} {
 				v.DeletePartialMatch(prometheus.Labels{"queue": name})
 			}
 		}

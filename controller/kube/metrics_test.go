@@ -21,7 +21,7 @@ func TestQueueMetrics(t *testing.T) {
 		return core.QueueStatus{Quota: core.Resources{gpuQuota, core.Unlimited, core.Unlimited}, Allocated: core.Resources{gpuAlloc, 0, 0}}
 	}
 	commit := func(queues map[string]core.QueueStatus) {
-		m.observeCommit(&core.Result{Queues: queues}, &cycleIndex{}, &commitStats{})
+		m.observeCommit(&core.Result{Queues: queues}, &cycleIndex{}, &commitStats{}, nil)
 	}
 	commit(map[string]core.QueueStatus{"team-a": q(4000, 1000), "team-b": q(2000, 0), externalQueue: q(0, 3000)})
 

@@ -84,6 +84,10 @@ type Options struct {
 	// ours: a reason while the pod waits for its gang to be worked out
 	// (controller/grouper; AwaitsGrouper), "" otherwise.
 	AwaitGrouper func(*v1.Pod) string
+	// Usage, when set, keeps the usage history (usage.go): Queue status
+	// and metrics show it, and fair share weighs it when
+	// Core.UsageCoefficient is above 0.
+	Usage *UsageOptions
 }
 
 // Scheduler is tessera-scheduler: informers in, core decisions out.
@@ -147,6 +151,9 @@ type Scheduler struct {
 	dirtyNodes map[string]bool
 	allDirty   bool
 
+	// usage is the usage history; nil without Options.Usage.
+	usage *usageKeeper
+
 	// synced is set once the informers' caches are filled (readiness).
 	synced atomic.Bool
 	// own is what the last commit wrote; the next cycle waits for it.
@@ -187,6 +194,10 @@ func New(opts Options) (*Scheduler, error) {
 		dirtyNodes:  map[string]bool{},
 		allDirty:    true,
 		celCache:    cel.NewCache(1000, cel.Features{EnableConsumableCapacity: true}),
+	}
+	var err error
+	if s.usage, err = newUsageKeeper(s, opts.Usage); err != nil {
+		return nil, err
 	}
 	s.broadcaster = record.NewBroadcaster()
 	s.recorder = s.broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: SchedulerName})
@@ -481,22 +492,29 @@ func (s *Scheduler) RunOnce(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("building snapshot: %w", err)
 	}
+	s.usage.begin(ctx, start, snap)
 	res, err := core.Schedule(snap, s.opts.Core)
 	if err != nil {
 		return err
 	}
+	s.usage.end(snap, res)
+	usage := s.usage.usageOf(snap)
 	s.logProblems(ctx, res.Problems)
 	decided := time.Now()
 	stats := s.commit(ctx, res, idx)
 	m := s.opts.Metrics
 	if m != nil {
-		m.observeCommit(res, idx, stats)
+		m.observeCommit(res, idx, stats, usage)
 	}
 	if err := s.fence(ctx, stats, "writing statuses"); err != nil {
 		return err // a fenced replica writes nothing more, statuses neither
 	}
 	gangWords(snap, idx, res)
-	s.report(ctx, res, idx, stats)
+	s.report(ctx, res, idx, stats, usage)
+	if err := s.fence(ctx, stats, "saving the usage history"); err != nil {
+		return err
+	}
+	s.usage.save(ctx, start)
 	if m != nil {
 		m.observeDurations(res, start, decided, time.Now())
 	}

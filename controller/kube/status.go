@@ -24,7 +24,7 @@ import (
 // report tells people what the cycle decided: PodScheduled=False with the
 // reason on every waiting pod (and an event when the reason changes), Queue
 // status and PodGroup status. Unchanged facts cost no API call.
-func (s *Scheduler) report(ctx context.Context, res *core.Result, idx *cycleIndex, st *commitStats) {
+func (s *Scheduler) report(ctx context.Context, res *core.Result, idx *cycleIndex, st *commitStats, usage map[string]core.Resources) {
 	now := time.Now()
 	for name, js := range res.Jobs {
 		if js.BelowMinMember {
@@ -81,7 +81,7 @@ func (s *Scheduler) report(ctx context.Context, res *core.Result, idx *cycleInde
 		mu.Unlock()
 	})
 
-	s.reportQueues(ctx, res, idx)
+	s.reportQueues(ctx, res, idx, usage)
 	s.reportPodGroups(ctx, res, idx, reasons)
 	s.reportUpstreamGroups(ctx, res, idx, reasons, st.evictedOK)
 }
@@ -112,7 +112,19 @@ func toQuantity(r core.Resource, v int64) resource.Quantity {
 	return *resource.NewMilliQuantity(v, resource.DecimalSI)
 }
 
-func (s *Scheduler) reportQueues(ctx context.Context, res *core.Result, idx *cycleIndex) {
+// reportQueues writes each Queue's status; usage, when there is a usage
+// history, is each queue's decayed usage (usageOf).
+// usageAmount converts a decayed usage to the unit Queue status and
+// metrics show: milli-GPU- and milli-CPU-seconds as they are (toQuantity
+// reads them as milli), memory from MiB-seconds to byte-seconds.
+func usageAmount(r core.Resource, v int64) int64 {
+	if r == core.ResMemory {
+		return min(v, 1<<42) << 20
+	}
+	return v
+}
+
+func (s *Scheduler) reportQueues(ctx context.Context, res *core.Result, idx *cycleIndex, usage map[string]core.Resources) {
 	running, pending := map[string]int32{}, map[string]int32{}
 	parent := map[string]string{}
 	for name, q := range idx.queues {
@@ -152,11 +164,16 @@ func (s *Scheduler) reportQueues(ctx context.Context, res *core.Result, idx *cyc
 		}
 		status := schedv1.QueueStatus{Resources: map[string]schedv1.QueueResourceStatus{}, RunningPods: running[name], PendingPods: pending[name]}
 		for r := core.Resource(0); r < core.NumResources; r++ {
-			status.Resources[r.String()] = schedv1.QueueResourceStatus{
+			rs := schedv1.QueueResourceStatus{
 				FairShare: toQuantity(r, qs.FairShare[r]),
 				Allocated: toQuantity(r, qs.Allocated[r]),
 				Pending:   toQuantity(r, qs.Pending[r]),
 			}
+			if usage != nil {
+				q := toQuantity(r, usageAmount(r, usage[name][r]))
+				rs.Usage = &q
+			}
+			status.Resources[r.String()] = rs
 		}
 		if prev, ok := s.queueStatus[name]; ok && reflect.DeepEqual(prev, status) {
 			continue

@@ -64,6 +64,12 @@ type QueueResourceStatus struct {
 	Allocated resource.Quantity `json:"allocated"`
 	// Pending is what the queue's waiting pods ask for.
 	Pending resource.Quantity `json:"pending"`
+	// Usage is the queue's recent usage: what its pods held over the
+	// controller's usage window, in resource-seconds (GPU-seconds,
+	// CPU-seconds, byte-seconds of memory) decayed by the usage half-life
+	// (a parent's is its subtree's); absent without a usage history.
+	// +optional
+	Usage *resource.Quantity `json:"usage,omitempty"`
 }
 
 // QueueStatus is what the scheduler observed about a queue.

@@ -451,6 +451,10 @@ func TestRBACLeast(t *testing.T) {
 	_, checks["create resourceclaims"] = sa.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c"}}, metav1.CreateOptions{})
 	checks["delete resourceslices"] = sa.ResourceV1().ResourceSlices().Delete(ctx, "least-node-gpu.tessera.dev", metav1.DeleteOptions{})
 	_, checks["get configmaps"] = sa.CoreV1().ConfigMaps(ns).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
+	// The usage history's ConfigMap is the only one of its own namespace
+	// it may read or write.
+	_, checks["get another configmap of its namespace"] = sa.CoreV1().ConfigMaps(rbac.Namespace).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
+	_, checks["list configmaps of its namespace"] = sa.CoreV1().ConfigMaps(rbac.Namespace).List(ctx, metav1.ListOptions{})
 	_, checks["list leases in kube-system"] = sa.CoordinationV1().Leases("kube-system").List(ctx, metav1.ListOptions{})
 	for what, err := range checks {
 		if !apierrors.IsForbidden(err) {
