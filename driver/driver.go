@@ -288,11 +288,16 @@ func oneOfStrategies(s v1alpha1.SharingStrategy) bool {
 // Stop stops the plugin's sockets, publishing and health watch. Prepared
 // claims, their CDI specs and MPS daemons stay: they outlive a restart.
 func (d *Driver) Stop() {
+	d.stopPlugin("tessera-node stopping")
+	d.lock.Close()
+}
+
+// stopPlugin stops the sockets and background work; the lock stays held.
+func (d *Driver) stopPlugin(why string) {
 	d.ready.Store(false)
-	d.cancel(errors.New("tessera-node stopping"))
+	d.cancel(errors.New(why))
 	d.helper.Stop()
 	d.wg.Wait()
-	d.lock.Close()
 }
 
 // Done is closed when the plugin stopped, on Stop or a fatal error.

@@ -31,7 +31,20 @@ func lockDir(ctx context.Context, dir string) (*os.File, error) {
 	for {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
-			return f, nil
+			if sameFile(f, path) {
+				return f, nil
+			}
+			// The holder removed the file before letting go (an uninstall,
+			// Driver.RemoveState): this lock guards nothing; lock the path
+			// anew.
+			f.Close()
+			if err := os.MkdirAll(dir, 0o750); err != nil {
+				return nil, fmt.Errorf("creating %s: %w", dir, err)
+			}
+			if f, err = os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600); err != nil {
+				return nil, fmt.Errorf("opening lock %s: %w", path, err)
+			}
+			continue
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
 			f.Close()
@@ -48,4 +61,14 @@ func lockDir(ctx context.Context, dir string) (*os.File, error) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// sameFile says whether f is still the file at path.
+func sameFile(f *os.File, path string) bool {
+	a, err := f.Stat()
+	if err != nil {
+		return false
+	}
+	b, err := os.Stat(path)
+	return err == nil && os.SameFile(a, b)
 }

@@ -2,6 +2,7 @@ package sharing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -179,6 +180,44 @@ func (r *ProcessRunner) StopAll(ctx context.Context, root string) ([]string, err
 		return stopped, fmt.Errorf("stopping MPS daemons below %s: %v", root, errs)
 	}
 	return stopped, nil
+}
+
+// RemoveDaemonDirs removes what MPS leaves below root once its daemons are
+// stopped: each GPU's pipe and log directories whose daemon no longer runs
+// (a running one's are kept, and named in the error), the supervisor's
+// socket, and root itself when that leaves it empty. For an uninstall, after
+// StopAll; a later start creates them again.
+func RemoveDaemonDirs(root string) error {
+	entries, err := os.ReadDir(root)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("listing MPS root %s: %w", root, err)
+	}
+	var errs []error
+	for _, e := range entries {
+		path := filepath.Join(root, e.Name())
+		switch {
+		case e.Name() == SupervisorSocket:
+			if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+				errs = append(errs, err)
+			}
+			continue
+		case !e.IsDir() || ValidateGPU(e.Name()) != nil:
+			continue // not ours
+		}
+		if pid, err := readPID(filepath.Join(path, "pipe", PIDFile)); err == nil && alive(pid) {
+			errs = append(errs, fmt.Errorf("MPS daemon %d of GPU %s still runs: %s kept", pid, e.Name(), path))
+			continue
+		}
+		if err := os.RemoveAll(path); err != nil {
+			errs = append(errs, fmt.Errorf("removing %s: %w", path, err))
+		}
+	}
+	// Fails while something else is in it, or where root is a mount point.
+	_ = os.Remove(root)
+	return errors.Join(errs...)
 }
 
 // ValidateGPU checks a GPU UUID that names a directory below the MPS root:

@@ -175,7 +175,12 @@ func (s *Supervisor) Serve(ctx context.Context) error {
 	defer s.mu.Unlock()
 	stopped, err := s.Runner.StopAll(context.WithoutCancel(ctx), s.Root)
 	logger.Info("MPS supervisor stopped; daemons quit", "gpus", stopped)
-	return err
+	if err != nil {
+		return err
+	}
+	// Stopped on uninstall, or by an admin replacing it (OnDelete), when
+	// no MPS claim is prepared: nothing below the root is needed any more.
+	return RemoveDaemonDirs(s.Root)
 }
 
 // SupervisorClient is the DaemonRunner of tessera-node when the supervisor

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -84,6 +85,9 @@ func TestSupervisorRunsDaemons(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, stop())
 	assert.False(t, alive(d3.PID), "no daemon outlives the supervisor's shutdown")
+	// Nor its directories or socket (uninstall leaves no garbage).
+	_, err = os.Stat(h.root)
+	assert.True(t, os.IsNotExist(err), "MPS root %s removed: %v", h.root, err)
 	_, err = m2.Acquire(ctx, "claim-c", gpu0)
 	require.ErrorContains(t, err, "is the tessera-mps pod running on this node?")
 }
@@ -131,4 +135,30 @@ func FuzzDecodeSupervisorRequest(f *testing.F) {
 		require.NotContains(t, []string{".", ".."}, req.GPU)
 		require.GreaterOrEqual(t, req.PID, 0)
 	})
+}
+
+// TestRemoveDaemonDirs: stopped daemons' directories and the socket go, a
+// running daemon's directory and what is not MPS's stay.
+func TestRemoveDaemonDirs(t *testing.T) {
+	root := t.TempDir()
+	mk := func(rel, content string) {
+		p := filepath.Join(root, rel)
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o644))
+	}
+	mk("GPU-stopped/pipe/"+PIDFile, "999999999")
+	mk("GPU-stopped/log/control.log", "x")
+	mk("GPU-running/pipe/"+PIDFile, strconv.Itoa(os.Getpid()))
+	mk(SupervisorSocket, "")
+	mk("not_a_gpu/x", "")
+	err := RemoveDaemonDirs(root)
+	require.ErrorContains(t, err, "GPU-running still runs")
+	ents, rerr := os.ReadDir(root)
+	require.NoError(t, rerr)
+	var left []string
+	for _, e := range ents {
+		left = append(left, e.Name())
+	}
+	assert.Equal(t, []string{"GPU-running", "not_a_gpu"}, left)
+	require.NoError(t, RemoveDaemonDirs(filepath.Join(root, "absent")))
 }

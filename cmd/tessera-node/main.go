@@ -61,6 +61,7 @@ type config struct {
 	gpuResourceName   string
 	shareSlots        int
 	claimCheck        time.Duration
+	daemonSet         string
 }
 
 // env returns the environment's value for a flag: TESSERA_<FLAG> with dashes
@@ -105,6 +106,7 @@ func main() {
 	fs.StringVar(&c.gpuResourceName, "gpu-resource-name", assignment.DefaultResourceGPU, "extended resource of whole GPUs")
 	fs.IntVar(&c.shareSlots, "share-slots", deviceplugin.DefaultShareSlots, "slots of "+assignment.ResourceShare+" per GPU (admission tokens: the GPU and memory come from the pod's assignment)")
 	fs.DurationVar(&c.claimCheck, "claim-check-interval", time.Minute, "how often prepared claims are checked against the API server (claims deleted, replaced or deallocated meanwhile are unprepared); always at start, only then when 0")
+	fs.StringVar(&c.daemonSet, "daemonset", "", "<namespace>/<name> of the DaemonSet running this pod: when it is deleted (helm uninstall), tessera-node removes its checkpoint, lock and plugin directory on the way out if no claim is prepared; empty: never")
 	fs.Parse(os.Args[1:])
 	if err := applyEnv(fs); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -239,6 +241,17 @@ func run(ctx context.Context, c config) error {
 		return err
 	}
 
+	var owner *ownerWatch
+	if c.daemonSet != "" {
+		if owner, err = startOwnerWatch(ctx, client, c.daemonSet); err != nil {
+			if plugins != nil {
+				plugins.Stop()
+			}
+			d.Stop()
+			return err
+		}
+	}
+
 	var srv *http.Server
 	if c.httpAddr != "" {
 		ln, err := net.Listen("tcp", c.httpAddr)
@@ -272,8 +285,23 @@ func run(ctx context.Context, c config) error {
 	if plugins != nil {
 		plugins.Stop()
 	}
-	d.Stop()
+	stopDriver(logger, d, owner, ctx.Err() != nil)
 	return failure
+}
+
+// stopDriver stops the DRA plugin; asked to stop while its DaemonSet is
+// gone (an uninstall, not an upgrade), it also removes the node state it
+// would otherwise keep for the next tessera-node.
+func stopDriver(logger klog.Logger, d *driver.Driver, owner *ownerWatch, signalled bool) {
+	if owner == nil || !signalled || !owner.uninstalling(logger) {
+		d.Stop()
+		return
+	}
+	if err := d.RemoveState(); err != nil {
+		logger.Error(err, "Uninstalled with state left on the node: delete the pods using GPUs before uninstalling (chart/tessera/README.md)")
+		return
+	}
+	logger.Info("DaemonSet deleted: removed the checkpoint and plugin directory")
 }
 
 // armKillPoint sets the test kill point named by killpoint.Env, if any:

@@ -70,6 +70,9 @@ func runMPSCommand(name string, args []string) int {
 	if name == cleanupCommand {
 		stopped, err := runner.StopAll(ctx, *root)
 		klog.FromContext(ctx).Info("MPS daemons stopped", "root", *root, "gpus", stopped)
+		if err == nil {
+			err = sharing.RemoveDaemonDirs(*root)
+		}
 		if err != nil {
 			klog.FromContext(ctx).Error(err, "MPS cleanup")
 			return 1
