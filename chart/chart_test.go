@@ -330,6 +330,16 @@ func TestHelmTemplateValues(t *testing.T) {
 		require.NotContains(t, r.Resources, "pods", "no pod access without the device plugin")
 	}
 	require.Contains(t, c.Args, "--fake-gpus=h100-sxm-8")
+	// Fake GPUs: tessera-node unprivileged too, no /dev, read-only root.
+	require.False(t, ptr.Deref(c.SecurityContext.Privileged, false))
+	require.False(t, ptr.Deref(c.SecurityContext.AllowPrivilegeEscalation, true))
+	require.Equal(t, []corev1.Capability{"ALL"}, c.SecurityContext.Capabilities.Drop)
+	require.True(t, ptr.Deref(c.SecurityContext.ReadOnlyRootFilesystem, false))
+	for _, m := range c.VolumeMounts {
+		require.NotEqual(t, "/dev", m.MountPath, "no device nodes with fake GPUs")
+	}
+	require.Contains(t, c.Args, "--daemonset=gpu/tessera-node", "tessera-node watches its own DaemonSet (uninstall cleanup)")
+	require.Equal(t, []string{"tessera-node"}, find[*rbacv1.Role](objs, "tessera-node").Rules[0].ResourceNames)
 	require.Contains(t, c.Args, "--sharing-mode=MPS")
 	require.NotContains(t, c.Args, "--driver-root=/driver-root")
 	require.Empty(t, ds.Spec.Template.Spec.NodeSelector)
@@ -379,50 +389,11 @@ func TestChartOnAPIServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	client := cp.Client(t)
-	dyn, err := dynamic.NewForConfig(cp.AdminConfig)
-	require.NoError(t, err)
-	_, err = client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
+	_, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 
 	out := runHelm(t, "template", "tessera", chartDir, "--namespace", namespace, "--include-crds", "-f", "../demo/kind/values.yaml")
-	var docs []*unstructured.Unstructured
-	for _, doc := range strings.Split(out, "\n---") {
-		u := &unstructured.Unstructured{}
-		require.NoError(t, utilyaml.Unmarshal([]byte(doc), &u.Object))
-		if len(u.Object) > 0 {
-			docs = append(docs, u)
-		}
-	}
-	// CRDs first and established, then the rest (as helm installs).
-	slices.SortStableFunc(docs, func(a, b *unstructured.Unstructured) int {
-		ac, bc := a.GetKind() == "CustomResourceDefinition", b.GetKind() == "CustomResourceDefinition"
-		switch {
-		case ac && !bc:
-			return -1
-		case bc && !ac:
-			return 1
-		}
-		return 0
-	})
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(discovery.NewDiscoveryClientForConfigOrDie(cp.AdminConfig)))
-	for _, u := range docs {
-		gvk := u.GroupVersionKind()
-		var ri dynamic.ResourceInterface
-		require.Eventually(t, func() bool {
-			m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-			if err != nil {
-				mapper.Reset()
-				return false
-			}
-			ri = dyn.Resource(m.Resource)
-			if m.Scope.Name() == "namespace" {
-				ri = dyn.Resource(m.Resource).Namespace(u.GetNamespace())
-			}
-			return true
-		}, 30*time.Second, 200*time.Millisecond, "API for %s", gvk)
-		_, err := ri.Create(ctx, u, metav1.CreateOptions{FieldValidation: "Strict"})
-		require.NoError(t, err, "creating %s %s", gvk.Kind, u.GetName())
-	}
+	createRendered(ctx, t, cp, out)
 
 	// tessera-node's identity, as a pod-bound token on node n1 carries it.
 	nodeCfg := rest.CopyConfig(cp.AdminConfig)
@@ -505,6 +476,52 @@ func TestKindDemoScript(t *testing.T) {
 	}
 	require.Contains(t, string(script), "wait --for=condition=Ready pod -l app=chat")
 	require.Contains(t, string(script), "set -euo pipefail")
+}
+
+// createRendered creates every object of a `helm template` output on the
+// API server, CRDs first and served, with strict field validation.
+func createRendered(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, out string) {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(cp.AdminConfig)
+	require.NoError(t, err)
+	var docs []*unstructured.Unstructured
+	for _, doc := range strings.Split(out, "\n---") {
+		u := &unstructured.Unstructured{}
+		require.NoError(t, utilyaml.Unmarshal([]byte(doc), &u.Object))
+		if len(u.Object) > 0 {
+			docs = append(docs, u)
+		}
+	}
+	// CRDs first and established, then the rest (as helm installs).
+	slices.SortStableFunc(docs, func(a, b *unstructured.Unstructured) int {
+		ac, bc := a.GetKind() == "CustomResourceDefinition", b.GetKind() == "CustomResourceDefinition"
+		switch {
+		case ac && !bc:
+			return -1
+		case bc && !ac:
+			return 1
+		}
+		return 0
+	})
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(discovery.NewDiscoveryClientForConfigOrDie(cp.AdminConfig)))
+	for _, u := range docs {
+		gvk := u.GroupVersionKind()
+		var ri dynamic.ResourceInterface
+		require.Eventually(t, func() bool {
+			m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+			if err != nil {
+				mapper.Reset()
+				return false
+			}
+			ri = dyn.Resource(m.Resource)
+			if m.Scope.Name() == "namespace" {
+				ri = dyn.Resource(m.Resource).Namespace(u.GetNamespace())
+			}
+			return true
+		}, 30*time.Second, 200*time.Millisecond, "API for %s", gvk)
+		_, err := ri.Create(ctx, u, metav1.CreateOptions{FieldValidation: "Strict"})
+		require.NoError(t, err, "creating %s %s", gvk.Kind, u.GetName())
+	}
 }
 
 // TestHelmTemplateWebhook checks the admission webhook's objects: the

@@ -280,7 +280,12 @@ func testCommitHook(v string) (func(kube.HookPoint), error) {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:])
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == applyCRDsCommand {
+		err = runApplyCRDs(ctx, os.Args[2:])
+	} else {
+		err = run(ctx, os.Args[1:])
+	}
 	stop()
 	switch {
 	case err == nil:

@@ -26,6 +26,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/tessera-gpu/tessera/internal/crdapply"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
 
@@ -70,6 +71,9 @@ func TestChartOnRealNode(t *testing.T) {
 // testInstall installs the chart and waits for the node to register and
 // publish its GPUs and for the controller to lead.
 func testInstall(t *testing.T, e *env) {
+	// The CRDs are there already (applied by hand): the install works and
+	// its hook takes them over.
+	e.preCreateCRDs(t)
 	out, err := e.runHelm(append([]string{"install", release, chartDir, "--namespace", namespace, "--create-namespace"}, e.helmValues(tagV1)...)...)
 	require.NoError(t, err)
 	t.Logf("helm install:\n%s", tailLines(out, 3))
@@ -77,6 +81,8 @@ func testInstall(t *testing.T, e *env) {
 	e.waitRegistered(t, fullAllocatable, time.Minute)
 	e.waitSlices(t, time.Minute)
 	e.waitLeader(t, tagV1, 2*time.Minute)
+	require.Contains(t, e.crdManagers(t, queueCRD), crdapply.FieldManager, "the install's CRD hook applied the CRDs")
+	require.Empty(t, e.hookLeftovers(t), "the CRD hook's objects are deleted once it succeeded")
 }
 
 // waitNodeAgent waits for the DaemonSet's one pod, of the image tag, Ready.

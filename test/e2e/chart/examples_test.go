@@ -2,6 +2,7 @@ package chart
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -115,12 +116,16 @@ var sharingPods = []examplePod{
 	{"team-b", "share-ts", "TimeSlicing", 1},
 	{"team-a", "chat-0", "MPS", 1},
 	{"team-a", "chat-1", "MPS", 1},
+	// 20's device-plugin MPS share: no claim, the controller's assignment
+	// annotation, tessera-node's device plugin sets up MPS for it.
+	{"team-b", "embed", "MPS", 1},
 }
 
 // testExamples runs the demo's gang alone (it takes all 8 GPUs), then
 // whole GPUs, a time-sliced pair and a device-plugin share side by side,
 // an MPS pair (04's chat-0 and chat-1, through the tessera-mps DaemonSet's
-// stand-in daemon), each printing what its CDI edits gave it.
+// stand-in daemon) and 20's device-plugin MPS share (embed), each printing
+// what its CDI edits (or its device plugin's answer) gave it.
 func testExamples(t *testing.T, e *env) {
 	all := e.readManifests(t)
 	e.apply(t, all, "01-teams.yaml")
@@ -137,7 +142,10 @@ func testExamples(t *testing.T, e *env) {
 	e.apply(t, all, "05-team-a-notebook.yaml")
 	e.apply(t, all, "timesliced.yaml")
 	e.apply(t, all, "04-team-a-inference.yaml", "mps-20gi", "chat-0", "chat-1")
+	e.apply(t, all, "20-team-b-share.yaml", "embed")
 	e.runPods(t, sharingPods)
+	// share-ts and embed hold GPUs through the device plugin.
+	e.waitNodeMetric(t, "tessera_node_deviceplugin_pods", 2)
 	share, err := e.client.CoreV1().Pods("team-b").Get(context.Background(), "share-ts", metav1.GetOptions{})
 	require.NoError(t, err)
 	slot := share.Spec.Containers[0].Resources.Limits["tessera.dev/gpu-share"]
@@ -233,16 +241,26 @@ func (e *env) deletePods(t *testing.T, pods []examplePod) {
 
 // waitPrepared waits for the running tessera-node to hold n prepared claims.
 func (e *env) waitPrepared(t *testing.T, n int) {
-	framework.Eventually(t, fmt.Sprintf("tessera-node holding %d prepared claims", n), 2*time.Minute, func() (bool, string) {
+	e.waitNodeMetric(t, "tessera_node_prepared_claims", n)
+}
+
+// waitNodeMetric waits for the running tessera-node's metric to be n.
+func (e *env) waitNodeMetric(t *testing.T, name string, n int) {
+	framework.Eventually(t, fmt.Sprintf("tessera-node's %s at %d", name, n), 2*time.Minute, func() (bool, string) {
 		for _, p := range e.pods(t, "tessera-node") {
 			if !ready(&p) {
 				continue
 			}
-			v, err := e.nodeMetric(t, p.Status.PodIP, "tessera_node_prepared_claims")
+			v, err := e.nodeMetric(t, p.Status.PodIP, name)
+			if errors.Is(err, errNoSeries) && n == 0 {
+				// A vector reset to no series (deviceplugin_pods per
+				// resource, with no pod) holds 0.
+				return true, ""
+			}
 			if err != nil {
 				return false, err.Error()
 			}
-			return int(v) == n, fmt.Sprintf("tessera_node_prepared_claims %v", v)
+			return int(v) == n, fmt.Sprintf("%s %v", name, v)
 		}
 		return false, "no tessera-node pod Ready"
 	})

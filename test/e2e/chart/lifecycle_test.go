@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -101,7 +102,10 @@ func (e *env) kubeletCalls(t *testing.T, claims map[string]string) (prep, unprep
 	return prep, unprep
 }
 
-// nodeMetric reads one metric of the tessera-node pod at its pod IP
+// errNoSeries: the metric has no series (a vector with none set).
+var errNoSeries = errors.New("no series of metric")
+
+// nodeMetric reads one metric (summed over its series) of the tessera-node pod at its pod IP
 // (the node's bridge is reachable from the host).
 func (e *env) nodeMetric(t *testing.T, ip, name string) (float64, error) {
 	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + ip + ":8080/metrics")
@@ -113,12 +117,21 @@ func (e *env) nodeMetric(t *testing.T, ip, name string) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
+	// The sum over the metric's series (labelled or not).
+	sum, found := 0.0, false
 	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) == 2 && f[0] == name {
-			return strconv.ParseFloat(f[1], 64)
+		if f := strings.Fields(l); len(f) == 2 && (f[0] == name || strings.HasPrefix(f[0], name+"{")) {
+			v, err := strconv.ParseFloat(f[1], 64)
+			if err != nil {
+				return 0, fmt.Errorf("metric %s: %w", f[0], err)
+			}
+			sum, found = sum+v, true
 		}
 	}
-	return 0, fmt.Errorf("no metric %s", name)
+	if !found {
+		return 0, fmt.Errorf("%w %s", errNoSeries, name)
+	}
+	return sum, nil
 }
 
 // testUpgrade upgrades the release to the second build with the sharing
@@ -134,10 +147,17 @@ func testUpgrade(t *testing.T, e *env) {
 	daemons := mpsDaemons(t)
 	require.NotEmpty(t, daemons, "MPS daemons of the chat pair under %s", mpsRoot)
 	offered := e.allocatable(t)
+	// The new chart's Queue CRD has one more field: Helm does not upgrade
+	// crds/, the chart's pre-upgrade hook does.
+	newChart := changedChart(t)
+	require.False(t, e.servedField(t), "the field is new")
 	upgradeAt := time.Now()
-	out, err := e.runHelm(append([]string{"upgrade", release, chartDir, "--namespace", namespace}, e.helmValues(tagV2)...)...)
+	out, err := e.runHelm(append([]string{"upgrade", release, newChart, "--namespace", namespace}, e.helmValues(tagV2)...)...)
 	require.NoError(t, err)
 	t.Logf("helm upgrade:\n%s", tailLines(out, 3))
+	require.True(t, e.servedField(t), "the upgrade's CRD change reached the API server")
+	require.Empty(t, e.hookLeftovers(t), "the CRD hook's objects are deleted once it succeeded")
+	t.Logf("CRD %s has spec.%s after the upgrade (the pre-upgrade hook applied it)", queueCRD, probeField)
 	agent := e.waitNodeAgent(t, tagV2, 3*time.Minute)
 	require.NotEqual(t, old.UID, agent.UID, "the DaemonSet replaced its pod")
 	e.waitRegistered(t, offered, time.Minute)
@@ -205,6 +225,7 @@ func testUninstall(t *testing.T, e *env) {
 	pods := append(append([]examplePod{}, sharingPods...), examplePod{"team-a", "sweep-1", "", 1})
 	e.deletePods(t, pods)
 	e.waitPrepared(t, 0)
+	e.waitNodeMetric(t, "tessera_node_deviceplugin_pods", 0)
 	out, err := e.runHelm("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "3m")
 	require.NoError(t, err)
 	t.Logf("helm uninstall:\n%s", tailLines(out, 3))
@@ -220,24 +241,41 @@ func testUninstall(t *testing.T, e *env) {
 		n := len(e.slices(t))
 		return n == 0, fmt.Sprintf("%d slices", n)
 	})
-	leftovers := func(dirs ...string) []string {
-		var left []string
-		for _, dir := range dirs {
-			ents, err := os.ReadDir(dir)
-			if err != nil && !os.IsNotExist(err) {
-				left = append(left, fmt.Sprintf("%s: %v", dir, err))
-			}
-			for _, ent := range ents {
-				left = append(left, filepath.Join(dir, ent.Name()))
-			}
-		}
-		return left
-	}
 	framework.Eventually(t, "no CDI specs", time.Minute, func() (bool, string) {
 		left := leftovers(e.node.CDIDir)
 		return len(left) == 0, strings.Join(left, ", ")
 	})
-	// Not yet removed by an uninstall (README.md, "Not yet"): reported.
-	t.Logf("left after uninstall (checkpoint, MPS directories): %v",
-		leftovers(filepath.Join(e.node.PluginsDir, driverName), "/run/tessera/mps"))
+	// tessera-node saw its DaemonSet deleted and removed its checkpoint,
+	// lock and plugin directory; tessera-mps removed the MPS directories;
+	// the sockets went with the plugins.
+	var left []string
+	left = append(left, leftovers(filepath.Join(e.node.PluginsDir, driverName), mpsRoot)...)
+	for _, dir := range []string{e.node.PluginRegistryDir, e.node.DevicePluginsDir} {
+		for _, f := range leftovers(dir) {
+			if strings.Contains(filepath.Base(f), "tessera") {
+				left = append(left, f)
+			}
+		}
+	}
+	// Helm never deletes CRDs (nor the hook): the Queues and PodGroups stay.
+	require.NotEmpty(t, e.crdManagers(t, queueCRD), "the CRDs outlive the uninstall")
+	t.Logf("left on the node after uninstall: %v", left)
+	require.Empty(t, left, "nothing of Tessera's left on the node")
+	_, err = os.Stat(filepath.Join(e.node.PluginsDir, driverName))
+	require.True(t, os.IsNotExist(err), "the plugin directory is gone: %v", err)
+}
+
+// leftovers lists what is in dirs (an absent dir holds nothing).
+func leftovers(dirs ...string) []string {
+	var left []string
+	for _, dir := range dirs {
+		ents, err := os.ReadDir(dir)
+		if err != nil && !os.IsNotExist(err) {
+			left = append(left, fmt.Sprintf("%s: %v", dir, err))
+		}
+		for _, ent := range ents {
+			left = append(left, filepath.Join(dir, ent.Name()))
+		}
+	}
+	return left
 }
