@@ -439,7 +439,7 @@ func (s *session) placeSetEvicting(set []*podState, pol *evictPolicy, after func
 // none when the job may not evict or cannot reach its minMember (an
 // earlier plan in the action may have changed what it needs).
 func (s *session) evictSets(j *jobState, tried map[*jobState]bool) podSetList {
-	if !mayEvict(j, tried) {
+	if !s.mayEvict(j, tried) {
 		return podSetList{}
 	}
 	l := s.podSets(j)
@@ -453,7 +453,7 @@ func (s *session) evictSets(j *jobState, tried map[*jobState]bool) podSetList {
 // waiting that may evict to run (not Job.NeverEvicts).
 func (s *session) pendingNeed(tried map[*jobState]bool) func(j *jobState) (Resources, bool) {
 	return func(j *jobState) (Resources, bool) {
-		if !mayEvict(j, tried) {
+		if !s.mayEvict(j, tried) {
 			return Resources{}, false
 		}
 		c := s.candidates(j)
@@ -465,8 +465,29 @@ func (s *session) pendingNeed(tried map[*jobState]bool) func(j *jobState) (Resou
 	}
 }
 
-// mayEvict says whether j may still evict to run in this action.
-func mayEvict(j *jobState, tried map[*jobState]bool) bool { return !tried[j] && !j.neverEvicts }
+// mayEvict says whether j may still evict to run in this action: not
+// Job.NeverEvicts, and its queue's preemption delay has passed since it was
+// created.
+func (s *session) mayEvict(j *jobState, tried map[*jobState]bool) bool {
+	return !tried[j] && !j.neverEvicts && !s.now.Before(j.evictFrom)
+}
+
+// protected says whether v may not yet be a victim of action a taken for
+// job by: its queue's minimum runtime for a has not passed since it started
+// (DESIGN.md, "Time protections"). A consolidation move counts as preempt
+// when by is of v's leaf queue, else as reclaim. A placed pod that has not
+// started has run 0.
+func (s *session) protected(v *podState, a Action, by *jobState) bool {
+	q := v.job.queue
+	if q == nil {
+		return false
+	}
+	least := q.reclaimMin
+	if a == ActionPreempt || a == ActionConsolidate && q == by.queue {
+		least = q.preemptMin
+	}
+	return least > 0 && (v.started.IsZero() || s.now.Sub(v.started) < least)
+}
 
 // canReach says whether j, with pending pods c, can reach its minMember,
 // and each subgroup its own.
@@ -591,7 +612,7 @@ func (s *session) reclaimSetAt(j *jobState, set []*podState, explain bool) bool 
 		action:    ActionReclaim,
 		wholeGang: true,
 		eligible: func(v *podState) bool {
-			return v.job.preemptible && v.job.queue != R
+			return v.job.preemptible && v.job.queue != R && !s.protected(v, ActionReclaim, j)
 		},
 		rules: func(unit []*podState) bool {
 			rs, vs := unitContested(contested, req, unit)
@@ -745,7 +766,7 @@ func (s *session) preempt() {
 			action:    ActionPreempt,
 			wholeGang: true,
 			eligible: func(v *podState) bool {
-				return v.job.queue == j.queue && v.job.preemptible && v.job.priority < j.priority
+				return v.job.queue == j.queue && v.job.preemptible && v.job.priority < j.priority && !s.protected(v, ActionPreempt, j)
 			},
 			reason: func(v *podState) string {
 				return fmt.Sprintf("preempted by job %s (priority %d) in queue %s", j.name, j.priority, j.queue.name)
@@ -892,7 +913,7 @@ func (s *session) consolidate() {
 			// A topology-constrained gang's pods are not moved: a move
 			// re-places pods one by one, anywhere.
 			eligible: func(v *podState) bool {
-				return v.job.preemptible && v.job != j && !v.pinned && !unmovable[v] && !v.job.hasTopology()
+				return v.job.preemptible && v.job != j && !v.pinned && !unmovable[v] && !v.job.hasTopology() && !s.protected(v, ActionConsolidate, j)
 			},
 			// A pod that fits nowhere now, not even beside itself, cannot be
 			// re-placed later either (the plan only takes capacity).

@@ -70,7 +70,8 @@ const (
 // Snapshot is the whole input of one cycle. The core does not keep it or
 // modify it.
 type Snapshot struct {
-	// Now is the cycle's time; only stale-gang eviction reads it.
+	// Now is the cycle's time: stale-gang eviction and the time protections
+	// (Queue.PreemptMinRuntime, …) read it.
 	Now    time.Time
 	Nodes  []Node
 	Queues []Queue
@@ -176,12 +177,27 @@ type Queue struct {
 	Priority int32
 	// Resources holds quota, limit and weight per Resource.
 	Resources [NumResources]QueueResource
+	// Time protections (DESIGN.md, "Time protections"). PreemptMinRuntime
+	// and ReclaimMinRuntime: a placed pod of a job in this queue may not be
+	// taken as a victim by preempt, or by reclaim, before it has run this
+	// long (Pod.StartedAt); a consolidation move counts as preempt when the
+	// job it makes room for is of the same leaf queue, else as reclaim.
+	// PreemptionDelay: a job of this queue may not evict anyone (reclaim,
+	// preempt, consolidate) before it is this old (Job.CreatedAt).
+	// InheritDuration takes the parent's value (a top-level queue's: 0,
+	// none); NewQueue sets it.
+	PreemptMinRuntime, ReclaimMinRuntime, PreemptionDelay time.Duration
 }
 
+// InheritDuration, as a Queue's time protection, takes its parent's value.
+// Any negative duration means the same.
+const InheritDuration time.Duration = -1
+
 // NewQueue returns a queue with DESIGN.md's defaults: GPU quota 0, CPU and
-// memory quota Unlimited, no limits, over-quota weight 1, priority 100.
+// memory quota Unlimited, no limits, over-quota weight 1, priority 100, time
+// protections inherited.
 func NewQueue(name, parent string) Queue {
-	q := Queue{Name: name, Parent: parent, Priority: 100}
+	q := Queue{Name: name, Parent: parent, Priority: 100, PreemptMinRuntime: InheritDuration, ReclaimMinRuntime: InheritDuration, PreemptionDelay: InheritDuration}
 	for r := range q.Resources {
 		q.Resources[r] = QueueResource{Quota: Unlimited, Limit: Unlimited, OverQuotaWeight: 1}
 	}
@@ -411,6 +427,10 @@ type Pod struct {
 	// lost). They may still be reclaimed or preempted.
 	Pinned bool
 	Phase  PodPhase
+	// StartedAt is when a placed pod started running (Kubernetes' pod
+	// status startTime), which its queue's minimum runtimes count from.
+	// Zero for a placed pod: it has not started (it has run 0).
+	StartedAt time.Time
 	// Placement is set for Bound, Running and Releasing pods.
 	Placement Placement
 }

@@ -43,8 +43,27 @@ func Schedule(snap *Snapshot, cfg Config) (*Result, error) {
 	}
 	step(ActionReclaim, s.reclaim)
 	step(ActionPreempt, s.preempt)
+	s.explainDelays()
 	step("result", func() { s.result(res) })
 	return res, nil
+}
+
+// explainDelays adds to the reasons of the pending pods of jobs whose
+// queue's preemption delay has not passed that they may not evict yet: the
+// time is absolute, so the reason does not change from cycle to cycle, and
+// rounded up to the second.
+func (s *session) explainDelays() {
+	for _, j := range s.jobs {
+		if j.neverEvicts || !s.now.Before(j.evictFrom) {
+			continue
+		}
+		for _, p := range s.candidates(j) {
+			if p.reason != "" {
+				p.reason += fmt.Sprintf("; may not evict others before %s (queue %s's preemption delay, %s from the job's creation)",
+					j.evictFrom.Add(time.Second-1).UTC().Format(time.RFC3339), j.queue.name, j.queue.delay)
+			}
+		}
+	}
 }
 
 // result turns the committed log into decisions: each pod whose final state

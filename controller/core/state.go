@@ -106,6 +106,7 @@ type podState struct {
 	feasible  func(node string, gpu int) bool
 	pinned    bool
 	phase     PodPhase
+	started   time.Time // Pod.StartedAt
 	// sub is the job's subgroup the pod names (Pod.SubGroup); nil: none.
 	sub *subState
 	// res is what the pod counts for its queue; res[ResGPU] is an estimate
@@ -187,6 +188,9 @@ type jobState struct {
 	declaredMin int
 	created     time.Time
 	belowSince  time.Time
+	// evictFrom is when the job may first evict: created plus its queue's
+	// preemption delay (Queue.PreemptionDelay); zero without one.
+	evictFrom time.Time
 	// subs are Job.SubGroups, in order (subgroups.go).
 	subs []*subState
 	// topo is Job.Topology resolved; nil for none.
@@ -222,7 +226,9 @@ type queueState struct {
 	// usage is the decayed past usage (Snapshot.Usage; parents: their
 	// children's sum), read only when Config.UsageCoefficient > 0.
 	usage Resources
-	jobs  []*jobState
+	// The time protections, inherited values resolved (Queue).
+	preemptMin, reclaimMin, delay time.Duration
+	jobs                          []*jobState
 }
 
 // op is one reversible change of the transaction log.
@@ -702,7 +708,7 @@ func (s *session) readPod(j *jobState, p *Pod) (ps *podState, pl *plan, err erro
 	if err != nil {
 		return nil, nil, err
 	}
-	ps = &podState{name: p.Name, job: j, req: r, selector: p.NodeSelector, models: p.GPUModels, feasible: p.Feasible, pinned: p.Pinned, phase: p.Phase, rank: -1, lastOp: -1}
+	ps = &podState{name: p.Name, job: j, req: r, selector: p.NodeSelector, models: p.GPUModels, feasible: p.Feasible, pinned: p.Pinned, phase: p.Phase, started: p.StartedAt, rank: -1, lastOp: -1}
 	if ps.sub, err = subOf(j, p); err != nil {
 		return nil, nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // One bad object fails alone: a queue, job or pod that breaks the model's
@@ -168,6 +169,29 @@ func (s *session) addQueues(snap *Snapshot) {
 			q.depth++
 		}
 	}
+	s.inheritProtections(byName)
+}
+
+// inheritProtections resolves each queue's time protections: its own, or
+// (InheritDuration) its nearest ancestor's that sets one, else 0.
+func (s *session) inheritProtections(byName map[string]*Queue) {
+	for _, q := range s.queues {
+		for _, f := range []struct {
+			to  *time.Duration
+			get func(*Queue) time.Duration
+		}{
+			{&q.preemptMin, func(q *Queue) time.Duration { return q.PreemptMinRuntime }},
+			{&q.reclaimMin, func(q *Queue) time.Duration { return q.ReclaimMinRuntime }},
+			{&q.delay, func(q *Queue) time.Duration { return q.PreemptionDelay }},
+		} {
+			for qs := q; qs != s.root; qs = qs.parent {
+				if v := f.get(byName[qs.name]); v >= 0 {
+					*f.to = v
+					break
+				}
+			}
+		}
+	}
 }
 
 // jobProblem says why a job as a whole cannot be scheduled ("" if it can).
@@ -209,6 +233,9 @@ func (s *session) addJobs(snap *Snapshot) {
 		}
 		q := s.queueByN[j.Queue]
 		js := &jobState{name: j.Name, queue: q, priority: j.Priority, preemptible: j.Preemptible, neverEvicts: j.NeverEvicts, disruption: j.Disruption, minMember: j.MinMember, declaredMin: j.MinMember, created: j.CreatedAt, belowSince: j.BelowMinMemberSince, subs: s.newSubs(j), topo: s.resolveTopo(j.Topology)}
+		if q.delay > 0 {
+			js.evictFrom = j.CreatedAt.Add(q.delay)
+		}
 		if js.minMember <= 0 || js.minMember > len(j.Pods) {
 			js.minMember = max(len(j.Pods), 1)
 		}

@@ -33,6 +33,9 @@ type fileTime struct {
 	Cycle    string `json:"cycle"`
 	Duration string `json:"duration"`
 	Sample   string `json:"sample"`
+	// Start is the wall-clock time the run starts at (RFC 3339), which
+	// quota schedules read.
+	Start string `json:"start"`
 }
 
 type fileConfig struct {
@@ -65,6 +68,22 @@ type fileQueue struct {
 	Name     string        `json:"name"`
 	Parent   string        `json:"parent"`
 	Priority *int          `json:"priority"`
+	GPU      *fileResource `json:"gpu"`
+	CPU      *fileResource `json:"cpu"`
+	Memory   *fileResource `json:"memory"`
+	// Time protections (core.Queue), durations; unset inherits the parent's.
+	PreemptMinRuntime string `json:"preemptMinRuntime"`
+	ReclaimMinRuntime string `json:"reclaimMinRuntime"`
+	PreemptionDelay   string `json:"preemptionDelay"`
+	// Schedule: windows overriding the settings while they hold.
+	Schedule []fileWindow `json:"schedule"`
+}
+
+type fileWindow struct {
+	Days     []string      `json:"days"`
+	Start    string        `json:"start"`
+	End      string        `json:"end"`
+	TimeZone string        `json:"timeZone"`
 	GPU      *fileResource `json:"gpu"`
 	CPU      *fileResource `json:"cpu"`
 	Memory   *fileResource `json:"memory"`

@@ -85,7 +85,7 @@ func normalize(fs *fileScenario) (*Spec, error) {
 	if s.Topologies, err = normalizeTopologies(fs.Topologies); err != nil {
 		return nil, err
 	}
-	if s.Queues, err = normalizeQueues(fs.Queues); err != nil {
+	if s.Queues, err = normalizeQueues(fs.Queues, s.Timed); err != nil {
 		return nil, err
 	}
 	if s.Jobs, err = normalizeJobs(fs.Jobs, s.Queues, s.Nodes, s.Timed); err != nil {
@@ -215,6 +215,12 @@ func normalizeResource(fr *fileResource, p string, isGPU, isCPU bool) (Resource,
 	if isGPU {
 		r.Quota = 0
 	}
+	return overrideResource(fr, p, isGPU, isCPU, r)
+}
+
+// overrideResource is r with what fr sets: a queue's settings over the
+// defaults, or a schedule window's over the queue's.
+func overrideResource(fr *fileResource, p string, isGPU, isCPU bool, r Resource) (Resource, error) {
 	if fr == nil {
 		return r, nil
 	}
@@ -255,6 +261,9 @@ func normalizeResource(fr *fileResource, p string, isGPU, isCPU bool) (Resource,
 		}
 	}
 	if r.Limit >= 0 && r.Quota > r.Limit {
+		if fr.Limit == nil || fr.Quota == nil {
+			return r, ferr(p, "limit %s is below quota %s", formatAmount(r.Limit, isGPU || isCPU), formatAmount(r.Quota, isGPU || isCPU))
+		}
 		return r, ferr(p+".limit", "%s is below the quota %s", fr.Limit.raw, fr.Quota.raw)
 	}
 	if fr.OverQuotaWeight != nil {
@@ -270,9 +279,10 @@ func normalizeResource(fr *fileResource, p string, isGPU, isCPU bool) (Resource,
 	return r, nil
 }
 
-func normalizeQueues(in []fileQueue) ([]Queue, error) {
+func normalizeQueues(in []fileQueue, timed bool) ([]Queue, error) {
 	if len(in) == 0 {
-		return []Queue{{Name: "default", Priority: defaultPriority, GPU: Resource{-1, -1, 1}, CPU: Resource{-1, -1, 1}, Memory: Resource{-1, -1, 1}, Leaf: true}}, nil
+		return []Queue{{Name: "default", Priority: defaultPriority, GPU: Resource{-1, -1, 1}, CPU: Resource{-1, -1, 1}, Memory: Resource{-1, -1, 1}, Leaf: true,
+			PreemptMinRuntime: -1, ReclaimMinRuntime: -1, PreemptionDelay: -1}}, nil
 	}
 	var out []Queue
 	index := map[string]int{}
@@ -296,6 +306,9 @@ func normalizeQueues(in []fileQueue) ([]Queue, error) {
 			return nil, err
 		}
 		if q.Memory, err = normalizeResource(fq.Memory, p+".memory", false, false); err != nil {
+			return nil, err
+		}
+		if err := normalizeQueueTime(&fq, p, timed, &q); err != nil {
 			return nil, err
 		}
 		index[fq.Name] = len(out)

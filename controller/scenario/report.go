@@ -130,8 +130,9 @@ func (r *runner) report() *Report {
 			total[at] += allocated[q.Name]
 		}
 	}
-	for _, q := range r.spec.Queues {
-		qr := QueueReport{GPUAllocated: milliNumber(total[q.Name]), GPUQuota: milliNumber(q.GPU.Quota), GPUFairShare: "0"}
+	for i, q := range r.spec.Queues {
+		// The quota in effect at the end (a schedule's window may hold).
+		qr := QueueReport{GPUAllocated: milliNumber(total[q.Name]), GPUQuota: milliNumber(r.queues[i].Resources[core.ResGPU].Quota), GPUFairShare: "0"}
 		if r.last != nil {
 			if st, ok := r.last.Queues[q.Name]; ok {
 				qr.GPUFairShare = milliNumber(st.FairShare[core.ResGPU])

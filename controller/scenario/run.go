@@ -61,6 +61,10 @@ type simPod struct {
 	place core.Placement
 	// reason is why the pod stayed pending in the last cycle.
 	reason string
+	// started is when the pod was placed (core.Pod.StartedAt): the cycle
+	// that bound or nominated it, or the run's start for a pod given
+	// running.
+	started time.Time
 }
 
 type runner struct {
@@ -89,6 +93,8 @@ type runner struct {
 	// decayed sums as the core reads them (they change at bucket ends).
 	history *core.UsageHistory
 	usage   map[string]core.Resources
+	// protect is each queue's time protections, inherited values resolved.
+	protect map[string]protections
 }
 
 // jobLife is where a job is in a timed run.
@@ -130,6 +136,9 @@ func RunContext(ctx context.Context, s *Spec, opts Options) (*Report, error) {
 			r.advance(t)
 		}
 		now := simEpoch.Add(time.Duration(newest+t) * time.Second)
+		if s.Timed {
+			r.applySchedules(t)
+		}
 		if r.history != nil {
 			r.history.AdvanceTo(now)
 			r.usage = r.history.Decayed()
@@ -261,6 +270,7 @@ func (r *runner) nextCycle(c int, t int64, now time.Time) int {
 		// The usage the core reads changes when a bucket closes.
 		next = min(next, t+int64(r.history.NextBoundary().Sub(now)/time.Second))
 	}
+	next = min(next, r.nextScheduleChange(t), r.nextProtectionEnd(t, now))
 	next = max(next, t+1)
 	nc := int((next+r.spec.CycleSeconds-1)/r.spec.CycleSeconds) + 1
 	return max(c+1, min(nc, r.spec.Cycles))
@@ -286,13 +296,15 @@ func newRunner(s *Spec, opts Options) *runner {
 		r.nodeIdx[r.nodes[i].Name] = &r.nodes[i]
 	}
 	for _, q := range s.Queues {
-		cq := core.Queue{Name: q.Name, Parent: q.Parent, Priority: int32(q.Priority)}
+		cq := core.Queue{Name: q.Name, Parent: q.Parent, Priority: int32(q.Priority),
+			PreemptMinRuntime: protection(q.PreemptMinRuntime), ReclaimMinRuntime: protection(q.ReclaimMinRuntime), PreemptionDelay: protection(q.PreemptionDelay)}
 		for res, v := range map[core.Resource]Resource{core.ResGPU: q.GPU, core.ResCPU: q.CPU, core.ResMemory: q.Memory} {
 			cq.Resources[res] = core.QueueResource{Quota: v.Quota, Limit: v.Limit, OverQuotaWeight: v.Weight}
 		}
 		r.queues = append(r.queues, cq)
 	}
 	r.jobs = make([]jobLife, len(s.Jobs))
+	r.protect = resolveProtections(s)
 	if s.Timed {
 		r.fair = newFairness(s)
 	}
@@ -307,6 +319,7 @@ func newRunner(s *Spec, opts Options) *runner {
 			}
 			if p.Running != nil {
 				sp.state = StateRunning
+				sp.started = simEpoch.Add(timeDuration(runStart(s)))
 				sp.place = r.fillPlacement(p, core.Placement{Node: p.Running.Node, GPUs: slices.Clone(p.Running.GPUs)})
 			}
 			r.pods = append(r.pods, sp)
@@ -394,10 +407,7 @@ func (r *runner) snapshot(now time.Time) *core.Snapshot {
 		}
 		cj := core.Job{Name: j.Name, Queue: j.Queue, Priority: int32(j.Priority), Preemptible: j.Preemptible, NeverEvicts: j.NeverEvicts,
 			Disruption: core.Disruption(j.Disruption), MinMember: j.MinMember, BelowMinMemberSince: r.since[j.Name], SubGroups: subGroups(j), Topology: j.Topology,
-			// Jobs created in the same second are older in file order
-			// (SCENARIOS.md: createdAt, default file order): a nanosecond
-			// per position breaks the tie without moving any second.
-			CreatedAt: simEpoch.Add(time.Duration(j.CreatedAt)*time.Second + time.Duration(ji))}
+			CreatedAt: r.jobCreated(ji)}
 		for pi := range j.Pods {
 			sp := r.byName[j.Pods[pi].Name]
 			cp := core.Pod{Name: sp.spec.Name, SubGroup: sp.spec.SubGroup, Request: request(sp.spec), Feasible: r.leastMemory(sp.spec)}
@@ -411,15 +421,26 @@ func (r *runner) snapshot(now time.Time) *core.Snapshot {
 			case StateBound:
 				cp.Phase = core.PodBound
 				cp.Placement = clonePlacement(sp.place)
+				cp.StartedAt = sp.started
 			case StateRunning:
 				cp.Phase = core.PodRunning
 				cp.Placement = clonePlacement(sp.place)
+				cp.StartedAt = sp.started
 			}
 			cj.Pods = append(cj.Pods, cp)
 		}
 		s.Jobs = append(s.Jobs, cj)
 	}
 	return s
+}
+
+// jobCreated is job ji's creation time for the core. Jobs created in the
+// same second are older in file order (SCENARIOS.md: createdAt, default
+// file order): a nanosecond per position from the end breaks the tie
+// without moving any second — earlier, so a preemption delay of whole
+// seconds ends at a cycle's time, not a nanosecond after it.
+func (r *runner) jobCreated(ji int) time.Time {
+	return simEpoch.Add(time.Duration(r.spec.Jobs[ji].CreatedAt)*time.Second - time.Duration(len(r.spec.Jobs)-ji))
 }
 
 // leastMemory is the check for a pod that needs so much memory on each of
@@ -514,7 +535,7 @@ func (r *runner) cycle(c int, now time.Time) (quiet bool, err error) {
 		if e.MoveTo != nil {
 			moving = append(moving, &simPod{job: p.job, spec: p.spec, state: "moving", place: p.place})
 			p.place = r.fillPlacementFrom(p.spec, *e.MoveTo)
-			p.state = StateNominated
+			p.state, p.started = StateNominated, now
 		} else {
 			p.state = "evicting"
 			// The core saw it running, so it gives no pending reason this
@@ -533,7 +554,7 @@ func (r *runner) cycle(c int, now time.Time) (quiet bool, err error) {
 			continue
 		}
 		p.place = r.fillPlacementFrom(p.spec, b.Placement)
-		p.reason = ""
+		p.reason, p.started = "", now
 		if b.Pipelined {
 			p.state = StateNominated
 			r.tracef("  nominate %s → %s (%s; bound next cycle, once the evicted pods are gone)\n", b.Pod, placementString(p.place), actionLabel(b.Action, b.Plan))

@@ -2,8 +2,10 @@ package scenario
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/controller/quotaschedule"
 )
 
 // Spec is one scenario after defaults and validation: every count expanded,
@@ -17,6 +19,9 @@ type Spec struct {
 	Timed         bool
 	CycleSeconds  int64 // simulated seconds per cycle (1 when untimed)
 	SampleSeconds int64 // the fairness report's sampling (timed runs)
+	// Start is the wall-clock time at which a timed run starts (time.start),
+	// which quota schedules read.
+	Start         time.Time
 	Consolidation bool
 	Placement     string // "binpack" | "spread"
 	// Usage, when set, is fair share with history (config.usage).
@@ -127,6 +132,30 @@ type Queue struct {
 	CPU      Resource
 	Memory   Resource
 	Leaf     bool
+	// PreemptMinRuntime, ReclaimMinRuntime and PreemptionDelay are the
+	// time protections in seconds (core.Queue); -1 inherits the parent's.
+	PreemptMinRuntime, ReclaimMinRuntime, PreemptionDelay int64
+	// Schedule lists the windows that override GPU, CPU and Memory while
+	// they hold (timed runs); the first that holds wins.
+	Schedule []Window
+}
+
+// Window is one window of a queue's schedule with the settings it gives:
+// the queue's own, overridden by what the window sets.
+type Window struct {
+	When             quotaschedule.Window
+	GPU, CPU, Memory Resource
+}
+
+// At is the queue's GPU, CPU and memory settings at wall-clock time t: the
+// first window of its schedule that holds, else its own.
+func (q *Queue) At(t time.Time) (gpu, cpu, memory Resource) {
+	for _, w := range q.Schedule {
+		if w.When.Holds(t) {
+			return w.GPU, w.CPU, w.Memory
+		}
+	}
+	return q.GPU, q.CPU, q.Memory
 }
 
 // Job is a gang: a PodGroup, or a single pod.

@@ -2,11 +2,12 @@ package scenario
 
 import (
 	"fmt"
-
-	"github.com/tessera-gpu/tessera/controller/core"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/controller/quotaschedule"
 )
 
 // Limits of a timed run (SCENARIOS.md, "Time").
@@ -64,7 +65,13 @@ func normalizeTime(ft *fileTime, cycles *int, s *Spec) error {
 		return ferr("cycles", "a timed run (time:) is as long as time.duration says; leave cycles out")
 	}
 	s.Timed = true
+	s.Start = defaultStart
 	var err error
+	if ft.Start != "" {
+		if s.Start, err = time.Parse(time.RFC3339, ft.Start); err != nil {
+			return ferr("time.start", "%q is not an RFC 3339 time (like 2026-03-09T08:00:00-04:00)", ft.Start)
+		}
+	}
 	if ft.Cycle != "" {
 		if s.CycleSeconds, err = parseSeconds(ft.Cycle, false); err != nil {
 			return ferr("time.cycle", "%v", err)
@@ -218,4 +225,170 @@ func normalizeUsage(fu *fileUsage, s *Spec) error {
 	}
 	s.Usage = u
 	return nil
+}
+
+// defaultStart is a timed run's wall-clock start when time.start is not
+// given: Monday 5 January 2026, midnight UTC.
+var defaultStart = time.Date(2026, 1, 5, 0, 0, 0, 0, time.UTC)
+
+// formatAmount writes a queue amount: milli as a decimal, or bytes.
+func formatAmount(v int64, milli bool) string {
+	if milli {
+		return formatMilli(v)
+	}
+	return formatBytes(v)
+}
+
+// normalizeQueueTime reads a queue's time protections (any run) and its
+// schedule (timed runs only).
+func normalizeQueueTime(fq *fileQueue, p string, timed bool, q *Queue) error {
+	for _, f := range []struct {
+		name, raw string
+		to        *int64
+	}{{"preemptMinRuntime", fq.PreemptMinRuntime, &q.PreemptMinRuntime}, {"reclaimMinRuntime", fq.ReclaimMinRuntime, &q.ReclaimMinRuntime}, {"preemptionDelay", fq.PreemptionDelay, &q.PreemptionDelay}} {
+		*f.to = -1
+		if f.raw == "" {
+			continue
+		}
+		v, err := parseSeconds(f.raw, true)
+		if err != nil {
+			return ferr(p+"."+f.name, "%v", err)
+		}
+		*f.to = v
+	}
+	if len(fq.Schedule) > 0 && !timed {
+		return ferr(p+".schedule", "needs a timed run: give the scenario a time: block")
+	}
+	if len(fq.Schedule) > maxWindows {
+		return ferr(p+".schedule", "%d windows, at most %d", len(fq.Schedule), maxWindows)
+	}
+	for i, fw := range fq.Schedule {
+		wp := fmt.Sprintf("%s.schedule[%d]", p, i)
+		w, err := quotaschedule.Parse(quotaschedule.Spec{Days: fw.Days, Start: fw.Start, End: fw.End, TimeZone: fw.TimeZone})
+		if err != nil {
+			return ferr(wp, "%v", err)
+		}
+		sw := Window{When: w}
+		if sw.GPU, err = overrideResource(fw.GPU, wp+".gpu", true, false, q.GPU); err != nil {
+			return err
+		}
+		if sw.CPU, err = overrideResource(fw.CPU, wp+".cpu", false, true, q.CPU); err != nil {
+			return err
+		}
+		if sw.Memory, err = overrideResource(fw.Memory, wp+".memory", false, false, q.Memory); err != nil {
+			return err
+		}
+		q.Schedule = append(q.Schedule, sw)
+	}
+	return nil
+}
+
+// maxWindows bounds a queue's schedule (each window is read every cycle).
+const maxWindows = 32
+
+// protection is a queue's time protection for the core: seconds, or -1 to
+// inherit.
+func protection(sec int64) time.Duration {
+	if sec < 0 {
+		return core.InheritDuration
+	}
+	return timeDuration(sec)
+}
+
+// applySchedules sets each queue's settings for the cycle at t (seconds
+// from the run's start): the first window of its schedule that holds at
+// the wall-clock time start + t, else its own.
+func (r *runner) applySchedules(t int64) {
+	wall := r.spec.Start.Add(timeDuration(t))
+	for i := range r.spec.Queues {
+		q := &r.spec.Queues[i]
+		if len(q.Schedule) == 0 {
+			continue
+		}
+		gpu, cpu, mem := q.At(wall)
+		for res, v := range map[core.Resource]Resource{core.ResGPU: gpu, core.ResCPU: cpu, core.ResMemory: mem} {
+			r.queues[i].Resources[res] = core.QueueResource{Quota: v.Quota, Limit: v.Limit, OverQuotaWeight: v.Weight}
+		}
+	}
+}
+
+// nextScheduleChange is the next time after t (seconds from the run's
+// start) at which some queue's schedule may change its settings, or the
+// run's end: the run must not skip past a window's boundary.
+func (r *runner) nextScheduleChange(t int64) int64 {
+	next := r.spec.Seconds()
+	wall := r.spec.Start.Add(timeDuration(t))
+	for i := range r.spec.Queues {
+		for _, w := range r.spec.Queues[i].Schedule {
+			if n := w.When.Next(wall); !n.IsZero() {
+				// Boundaries are whole minutes; a start between seconds
+				// rounds up.
+				next = min(next, t+int64((n.Sub(wall)+time.Second-1)/time.Second))
+			}
+		}
+	}
+	return next
+}
+
+// nextProtectionEnd is the next time after t at which a time protection
+// ends: a placed pod's minimum runtimes (both of its queue's: either ending
+// may let an action take it) or a pending pod's job's preemption delay.
+// Between them, a quiet cycle stays quiet.
+func (r *runner) nextProtectionEnd(t int64, now time.Time) int64 {
+	next := r.spec.Seconds()
+	at := func(end time.Time) {
+		if end.After(now) {
+			next = min(next, t+int64((end.Sub(now)+time.Second-1)/time.Second))
+		}
+	}
+	for ji := range r.spec.Jobs {
+		j := &r.spec.Jobs[ji]
+		if l := r.jobs[ji]; !l.arrived || l.finished {
+			continue
+		}
+		pr := r.protect[j.Queue]
+		for pi := range j.Pods {
+			switch p := r.byName[j.Pods[pi].Name]; p.state {
+			case StatePending:
+				if pr.delay > 0 {
+					at(r.jobCreated(ji).Add(pr.delay))
+				}
+			case StateRunning, StateBound:
+				at(p.started.Add(pr.preempt))
+				at(p.started.Add(pr.reclaim))
+			}
+		}
+	}
+	return next
+}
+
+// protections are a queue's time protections with inheritance resolved, as
+// the core resolves them (only the simulator's skipping needs them).
+type protections struct{ preempt, reclaim, delay time.Duration }
+
+// resolveProtections gives each queue its own protections, or its nearest
+// ancestor's that sets one, else none.
+func resolveProtections(s *Spec) map[string]protections {
+	byName := map[string]*Queue{}
+	for i := range s.Queues {
+		byName[s.Queues[i].Name] = &s.Queues[i]
+	}
+	get := func(q *Queue, f func(*Queue) int64) time.Duration {
+		for a := q; a != nil; a = byName[a.Parent] {
+			if v := f(a); v >= 0 {
+				return timeDuration(v)
+			}
+		}
+		return 0
+	}
+	out := map[string]protections{}
+	for i := range s.Queues {
+		q := &s.Queues[i]
+		out[q.Name] = protections{
+			preempt: get(q, func(q *Queue) int64 { return q.PreemptMinRuntime }),
+			reclaim: get(q, func(q *Queue) int64 { return q.ReclaimMinRuntime }),
+			delay:   get(q, func(q *Queue) int64 { return q.PreemptionDelay }),
+		}
+	}
+	return out
 }

@@ -45,12 +45,16 @@ func loadOne(t testing.TB, yaml string) *Spec {
 // cycles run.
 func TestTimedSkipIsStep(t *testing.T) {
 	specs := []*Spec{loadOne(t, burstyWeek(4, "2d", "30s"))}
-	for _, f := range []string{"time.yaml", "history.yaml"} {
+	for _, f := range []string{"time.yaml", "history.yaml", "schedules.yaml", "protections.yaml"} {
 		more, err := LoadFile("../testdata/scenarios/" + f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		specs = append(specs, more...)
+		for _, s := range more {
+			if s.Timed {
+				specs = append(specs, s)
+			}
+		}
 	}
 	for _, s := range specs {
 		t.Run(s.Name, func(t *testing.T) {
