@@ -218,7 +218,7 @@ func TestHelmTemplateDefaults(t *testing.T) {
 	}
 
 	// CRDs and the default Queue.
-	for _, n := range []string{"queues.scheduling.tessera.dev", "podgroups.scheduling.tessera.dev", "default"} {
+	for _, n := range []string{"queues.scheduling.tessera.dev", "podgroups.scheduling.tessera.dev", "topologies.scheduling.tessera.dev", "default"} {
 		require.NotNil(t, find[*unstructured.Unstructured](objs, n), n)
 	}
 

@@ -32,6 +32,9 @@ type plan struct {
 	subGroups []SubGroup
 	subGroup  string
 	queue     string
+	// topology is the group's spec.topology, from the topology
+	// annotations (topologyOf); nil for none.
+	topology *schedv1.TopologyConstraint
 }
 
 // plan works out a pod's group from its owners (chain, controller first).
@@ -85,7 +88,31 @@ func (g *Grouper) plan(pod *v1.Pod, chain []link) (plan, error) {
 		p.min, p.subGroups, p.subGroup = 1, nil, ""
 	}
 	p.queue = g.queueOf(pod, top)
+	if p.topology, err = topologyOf(pod, chain); err != nil {
+		return plan{}, err
+	}
 	return p, nil
+}
+
+// topologyOf is the gang's topology constraint: the highest owner's
+// topology annotations, else the pod's own (its template's); an owner
+// naming no tessera.dev/topology* annotation is skipped. A malformed one
+// is the pod's reason to wait, naming the object.
+func topologyOf(pod *v1.Pod, chain []link) (*schedv1.TopologyConstraint, error) {
+	for i := len(chain) - 1; i >= 0; i-- {
+		c, err := kube.TopologyFromAnnotations(chain[i].obj.GetAnnotations())
+		if err != nil {
+			return nil, fmt.Errorf("%s %s/%s: %w", chain[i].gk.Kind, chain[i].obj.GetNamespace(), chain[i].obj.GetName(), err)
+		}
+		if c != nil {
+			return c, nil
+		}
+	}
+	c, err := kube.TopologyFromAnnotations(pod.Annotations)
+	if err != nil {
+		return nil, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	return c, nil
 }
 
 // validSubGroups keeps subgroups the PodGroup CRD accepts (at most
@@ -188,6 +215,9 @@ func (g *Grouper) ensureGroup(ctx context.Context, pod *v1.Pod, p plan) error {
 		}
 		spec["subGroups"] = sgs
 	}
+	if t := p.topology; t != nil {
+		spec["topology"] = topologySpec(t)
+	}
 	if obj, err := g.groups.ByNamespace(pod.Namespace).Get(p.group); err == nil {
 		cur, ok := obj.(*unstructured.Unstructured)
 		if !ok {
@@ -231,7 +261,19 @@ func (g *Grouper) ensureGroup(ctx context.Context, pod *v1.Pod, p plan) error {
 	return nil
 }
 
-// updateGroup writes spec (minMember, subGroups) when it differs.
+// topologySpec is spec.topology as the dynamic client writes it.
+func topologySpec(t *schedv1.TopologyConstraint) map[string]any {
+	m := map[string]any{"name": t.Name}
+	if t.Required != "" {
+		m["required"] = t.Required
+	}
+	if t.Preferred != "" {
+		m["preferred"] = t.Preferred
+	}
+	return m
+}
+
+// updateGroup writes spec (minMember, subGroups, topology) when it differs.
 func (g *Grouper) updateGroup(ctx context.Context, cur *unstructured.Unstructured, spec map[string]any) error {
 	same := true
 	for k, v := range spec {
@@ -240,9 +282,12 @@ func (g *Grouper) updateGroup(ctx context.Context, cur *unstructured.Unstructure
 		b, _ := json.Marshal(v)
 		same = same && string(a) == string(b)
 	}
-	if _, had, _ := unstructured.NestedFieldNoCopy(cur.Object, "spec", "subGroups"); had && spec["subGroups"] == nil {
-		same = false
-		spec["subGroups"] = nil
+	// A field the owner no longer asks for is removed (null in the patch).
+	for _, k := range []string{"subGroups", "topology"} {
+		if _, had, _ := unstructured.NestedFieldNoCopy(cur.Object, "spec", k); had && spec[k] == nil {
+			same = false
+			spec[k] = nil
+		}
 	}
 	if same {
 		return nil

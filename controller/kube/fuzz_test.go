@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -244,6 +245,7 @@ func FuzzPodGroupSpec(f *testing.F) {
 		f.Add(raw)
 	}
 	f.Add([]byte(`{"apiVersion":"scheduling.tessera.dev/v1alpha1","kind":"PodGroup","metadata":{"name":"g","namespace":"ns"},"spec":{"minMember":0}}`))
+	f.Add([]byte(`{"apiVersion":"scheduling.tessera.dev/v1alpha1","kind":"PodGroup","metadata":{"name":"g","namespace":"ns"},"spec":{"minMember":2,"topology":{"name":"dc","required":"example.com/block","preferred":"example.com/rack"},"subGroups":[{"name":"w","minMember":1,"topology":{"name":"dc","required":"example.com/rack"}}]}}`))
 	f.Add([]byte(`{"apiVersion":"scheduling.tessera.dev/v1alpha1","kind":"PodGroup","metadata":{"name":"g","namespace":"ns"},"spec":{"minMember":-2147483648,"queue":"q"}}`))
 	f.Add([]byte(`{"apiVersion":"scheduling.tessera.dev/v1alpha1","kind":"PodGroup","metadata":{"name":"g","namespace":"ns"},"spec":{"minMember":1,"subGroups":[{"name":"leader","minMember":1},{"name":"workers","minMember":-3}]}}`))
 	f.Fuzz(func(t *testing.T, raw []byte) {
@@ -262,13 +264,14 @@ func FuzzPodGroupSpec(f *testing.F) {
 			}
 			return
 		}
-		if got.minMember < 1 || got.minMember != int(pg.Spec.MinMember) || got.queue != pg.Spec.Queue || len(got.subGroups) != len(pg.Spec.SubGroups) {
+		if got.minMember < 1 || got.minMember != int(pg.Spec.MinMember) || got.queue != pg.Spec.Queue || len(got.subGroups) != len(pg.Spec.SubGroups) ||
+			!reflect.DeepEqual(got.topology, constraintOf(pg.Spec.Topology)) {
 			t.Fatalf("read %+v from %+v", got, pg.Spec)
 		}
 		// Subgroups are copied as they are: the core checks them, and its
 		// reason names the group.
 		for i, g := range pg.Spec.SubGroups {
-			if got.subGroups[i] != (core.SubGroup{Name: g.Name, MinMember: int(g.MinMember)}) {
+			if got.subGroups[i].Name != g.Name || got.subGroups[i].MinMember != int(g.MinMember) || !reflect.DeepEqual(got.subGroups[i].Topology, constraintOf(g.Topology)) {
 				t.Fatalf("subgroup %d read as %+v from %+v", i, got.subGroups[i], g)
 			}
 		}

@@ -23,6 +23,15 @@ const (
 	// AnnotationPodSubGroup names the pod's subgroup: one of its
 	// PodGroup's spec.subGroups.
 	AnnotationPodSubGroup = "tessera.dev/pod-subgroup"
+	// AnnotationTopology, AnnotationTopologyRequired and
+	// AnnotationTopologyPreferred set a topology constraint (a Topology's
+	// name, its required and preferred levels by node label key) on a
+	// single pod, or, on a workload's top owner or its pods, on the
+	// PodGroup the pod grouper makes: what spec.topology says on a
+	// PodGroup (TopologyFromAnnotations).
+	AnnotationTopology          = "tessera.dev/topology"
+	AnnotationTopologyRequired  = "tessera.dev/topology-required"
+	AnnotationTopologyPreferred = "tessera.dev/topology-preferred"
 	// AnnotationPreemptible overrides whether a pod's job is preemptible
 	// ("true"/"false"); by default jobs below priority 100 are.
 	AnnotationPreemptible = "tessera.dev/preemptible"

@@ -106,7 +106,7 @@ func (b *snapshotBuild) readPod(pod *v1.Pod) {
 	if bound {
 		b.placeBound(&cp, pod, e, nodeName, adopted)
 	}
-	jobName, job, reason := s.jobFor(pod, ours, b.leaf)
+	jobName, job, reason := b.jobFor(pod, ours)
 	if reason != "" {
 		if !bound {
 			b.problem(key, pod, reason)
@@ -311,7 +311,8 @@ func (s *Scheduler) waitingForVictims(key string, pod *v1.Pod, now time.Time) st
 // jobFor works out a pod's job: its PodGroup's, or a gang of one. reason is
 // set when the pod cannot be scheduled by the rules (unknown queue, a parent
 // queue, a missing PodGroup).
-func (s *Scheduler) jobFor(pod *v1.Pod, ours bool, leaf func(string) (bool, string)) (string, *core.Job, string) {
+func (b *snapshotBuild) jobFor(pod *v1.Pod, ours bool) (string, *core.Job, string) {
+	s := b.s
 	key := pod.Namespace + "/" + pod.Name
 	if !ours {
 		return "<external>/" + key, s.externalJob(pod, key), ""
@@ -329,7 +330,7 @@ func (s *Scheduler) jobFor(pod *v1.Pod, ours bool, leaf func(string) (bool, stri
 		NeverEvicts: pod.Spec.PreemptionPolicy != nil && *pod.Spec.PreemptionPolicy == v1.PreemptNever}
 	// spec.schedulingGroup wins over the annotation (upstream.go).
 	if name := upstreamGroupName(pod); name != "" {
-		if why := s.upstreamJob(pod, name, job); why != "" {
+		if why := s.upstreamJob(pod, name, job, b.upstreamTopology); why != "" {
 			return "", nil, why
 		}
 	} else if name := pod.Annotations[AnnotationPodGroup]; name != "" {
@@ -347,6 +348,7 @@ func (s *Scheduler) jobFor(pod *v1.Pod, ours bool, leaf func(string) (bool, stri
 		job.Name = pod.Namespace + "/" + name
 		job.MinMember = spec.minMember
 		job.SubGroups = spec.subGroups
+		job.Topology = spec.topology
 		job.CreatedAt = pg.CreationTimestamp.Time
 		if spec.queue != "" {
 			queue = spec.queue
@@ -361,7 +363,10 @@ func (s *Scheduler) jobFor(pod *v1.Pod, ours bool, leaf func(string) (bool, stri
 			job.NeverEvicts = pc.PreemptionPolicy != nil && *pc.PreemptionPolicy == v1.PreemptNever
 		}
 	}
-	if ok, why := leaf(queue); !ok {
+	if why := podTopology(pod, job); why != "" {
+		return "", nil, why
+	}
+	if ok, why := b.leaf(queue); !ok {
 		return "", nil, why
 	}
 	job.Preemptible = job.Priority < 100
@@ -375,6 +380,22 @@ func (s *Scheduler) jobFor(pod *v1.Pod, ours bool, leaf func(string) (bool, stri
 		job.Preemptible = false
 	}
 	return job.Name, job, ""
+}
+
+// podTopology gives a pod outside any PodGroup the constraint of its
+// topology annotations; a malformed one is the pod's reason to wait. A
+// group's constraint is its PodGroup's (the pod grouper copies the
+// annotations there), so the annotations of its pods are not read.
+func podTopology(pod *v1.Pod, job *core.Job) string {
+	if upstreamGroupName(pod) != "" || pod.Annotations[AnnotationPodGroup] != "" {
+		return ""
+	}
+	c, err := TopologyFromAnnotations(pod.Annotations)
+	if err != nil {
+		return fmt.Sprintf("pod %s/%s: %v", pod.Namespace, pod.Name, err)
+	}
+	job.Topology = constraintOf(c)
+	return ""
 }
 
 // externalJob accounts for a pod Tessera does not schedule: it holds its

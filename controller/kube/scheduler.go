@@ -122,7 +122,9 @@ type Scheduler struct {
 	sliceIndexer    cache.Indexer
 	queueInformer   cache.SharedIndexInformer
 	groupInformer   cache.SharedIndexInformer
-	celCache        *cel.Cache
+	// topologyInformer holds the Topology objects (topology.go).
+	topologyInformer cache.SharedIndexInformer
+	celCache         *cel.Cache
 
 	kick chan struct{}
 
@@ -266,6 +268,7 @@ func (s *Scheduler) indexInformers() error {
 	s.capacityIndexer = capacityInformer.GetIndexer()
 	s.queueInformer = s.dfactory.ForResource(QueueGVR).Informer()
 	s.groupInformer = s.dfactory.ForResource(PodGroupGVR).Informer()
+	s.topologyInformer = s.dfactory.ForResource(TopologyGVR).Informer()
 
 	return nil
 }
@@ -312,7 +315,7 @@ func (s *Scheduler) addHandlers() error {
 		s.factory.Storage().V1().CSIDrivers().Informer(),
 		s.factory.Storage().V1().CSIStorageCapacities().Informer(),
 		s.factory.Core().V1().Namespaces().Informer(),
-		s.queueInformer, s.groupInformer,
+		s.queueInformer, s.groupInformer, s.topologyInformer,
 	} {
 		if _, err := inf.AddEventHandler(kick); err != nil {
 			return err

@@ -126,6 +126,7 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 		jobs:       map[string]*core.Job{},
 	}
 	b.readQueues()
+	b.readTopologies()
 	if err := b.readNodes(); err != nil {
 		return nil, nil, err
 	}

@@ -625,6 +625,7 @@ type groupSpec struct {
 	minMember int
 	queue     string
 	subGroups []core.SubGroup
+	topology  *core.TopologyConstraint
 }
 
 // podGroupSpec reads a PodGroup's spec with range checks (the CRD checks
@@ -635,11 +636,11 @@ func podGroupSpec(pg *schedv1.PodGroup) (groupSpec, error) {
 	if pg.Spec.MinMember < 1 {
 		return groupSpec{}, fmt.Errorf("PodGroup %s/%s: spec.minMember %d must be at least 1", pg.Namespace, pg.Name, pg.Spec.MinMember)
 	}
-	spec := groupSpec{minMember: int(pg.Spec.MinMember), queue: pg.Spec.Queue}
-	// Names and minimums are checked by the CRD and again by the core,
-	// whose reason names the group.
+	spec := groupSpec{minMember: int(pg.Spec.MinMember), queue: pg.Spec.Queue, topology: constraintOf(pg.Spec.Topology)}
+	// Names, minimums and topologies are checked by the CRD and again by
+	// the core, whose reason names the group.
 	for _, g := range pg.Spec.SubGroups {
-		spec.subGroups = append(spec.subGroups, core.SubGroup{Name: g.Name, MinMember: int(g.MinMember)})
+		spec.subGroups = append(spec.subGroups, core.SubGroup{Name: g.Name, MinMember: int(g.MinMember), Topology: constraintOf(g.Topology)})
 	}
 	return spec, nil
 }

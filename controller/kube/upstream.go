@@ -8,10 +8,12 @@ package kube
 
 import (
 	"fmt"
+	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/tools/cache"
 
@@ -80,6 +82,10 @@ type upstreamGroup struct {
 	// neverEvicts is spec.preemptionPolicy (PodGroupPreemptionPolicy);
 	// nil when unset: the pod's.
 	neverEvicts *bool
+	// topologyKey is schedulingConstraints.topology's one key, "" for
+	// none: the group's pods must share its node label's value
+	// (snapshotBuild.upstreamTopology).
+	topologyKey string
 }
 
 // readUpstreamGroup reads pg's spec. What Tessera cannot honour is refused
@@ -109,7 +115,14 @@ func readUpstreamGroup(pg *schedulingv1beta1.PodGroup) (upstreamGroup, error) {
 		return g, fmt.Errorf("%s: spec.parentCompositePodGroupName %q: CompositePodGroups are not supported by tessera-scheduler", name, *p)
 	}
 	if c := pg.Spec.SchedulingConstraints; c != nil && len(c.Topology) > 0 {
-		return g, fmt.Errorf("%s: spec.schedulingConstraints.topology (key %q) is not supported by tessera-scheduler", name, c.Topology[0].Key)
+		key := c.Topology[0].Key
+		switch {
+		case len(c.Topology) > 1:
+			return g, fmt.Errorf("%s: spec.schedulingConstraints.topology has %d constraints; one is supported", name, len(c.Topology))
+		case len(validation.IsQualifiedName(key)) > 0:
+			return g, fmt.Errorf("%s: spec.schedulingConstraints.topology key %q is not a node label key: %s", name, key, strings.Join(validation.IsQualifiedName(key), "; "))
+		}
+		g.topologyKey = key
 	}
 	switch d := pg.Spec.DisruptionMode; {
 	case d == nil: // the API's default
@@ -175,7 +188,7 @@ func (s *Scheduler) upstreamGroupMissing(pod *v1.Pod, ours bool) string {
 // upstreamJob makes job the gang of pod's upstream PodGroup: its name,
 // minimum, disruption, priority and preemption policy. The queue stays the
 // pod's. It returns why the pod waits instead, "" when it may be scheduled.
-func (s *Scheduler) upstreamJob(pod *v1.Pod, name string, job *core.Job) string {
+func (s *Scheduler) upstreamJob(pod *v1.Pod, name string, job *core.Job, topology func(key string) *core.TopologyConstraint) string {
 	pg, why := s.getUpstreamGroup(pod, name)
 	if pg == nil {
 		return why
@@ -188,6 +201,9 @@ func (s *Scheduler) upstreamJob(pod *v1.Pod, name string, job *core.Job) string 
 	job.MinMember = g.minMember
 	job.Disruption = g.disruption
 	job.CreatedAt = pg.CreationTimestamp.Time
+	if g.topologyKey != "" {
+		job.Topology = topology(g.topologyKey)
+	}
 	switch {
 	case g.priority != nil:
 		job.Priority = *g.priority

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/tessera-gpu/tessera/controller/core"
 )
@@ -47,8 +48,12 @@ func TestReadUpstreamGroup(t *testing.T) {
 			err: `spec.resourceClaims (claims shared by the group's pods, "shared" first) are not supported by tessera-scheduler`},
 		{name: "composite refused", spec: schedulingv1beta1.PodGroupSpec{SchedulingPolicy: gangPolicy(2), ParentCompositePodGroupName: new("top")},
 			err: `spec.parentCompositePodGroupName "top": CompositePodGroups are not supported`},
-		{name: "topology refused", spec: schedulingv1beta1.PodGroupSpec{SchedulingPolicy: gangPolicy(2), SchedulingConstraints: &schedulingv1beta1.PodGroupSchedulingConstraints{Topology: []schedulingv1beta1.TopologyConstraint{{Key: "rack"}}}},
-			err: `spec.schedulingConstraints.topology (key "rack") is not supported`},
+		{name: "topology key read", spec: schedulingv1beta1.PodGroupSpec{SchedulingPolicy: gangPolicy(2), SchedulingConstraints: &schedulingv1beta1.PodGroupSchedulingConstraints{Topology: []schedulingv1beta1.TopologyConstraint{{Key: "example.com/rack"}}}},
+			want: upstreamGroup{minMember: 2, disruption: core.DisruptionSingle, topologyKey: "example.com/rack"}},
+		{name: "two topology keys", spec: schedulingv1beta1.PodGroupSpec{SchedulingPolicy: gangPolicy(2), SchedulingConstraints: &schedulingv1beta1.PodGroupSchedulingConstraints{Topology: []schedulingv1beta1.TopologyConstraint{{Key: "rack"}, {Key: "zone"}}}},
+			err: `spec.schedulingConstraints.topology has 2 constraints; one is supported`},
+		{name: "bad topology key", spec: schedulingv1beta1.PodGroupSpec{SchedulingPolicy: gangPolicy(2), SchedulingConstraints: &schedulingv1beta1.PodGroupSchedulingConstraints{Topology: []schedulingv1beta1.TopologyConstraint{{Key: "not a key"}}}},
+			err: `spec.schedulingConstraints.topology key "not a key" is not a node label key`},
 		{name: "empty disruption", spec: schedulingv1beta1.PodGroupSpec{SchedulingPolicy: gangPolicy(2), DisruptionMode: &schedulingv1beta1.DisruptionMode{}},
 			err: "spec.disruptionMode sets neither single nor all"},
 		{name: "both disruptions", spec: schedulingv1beta1.PodGroupSpec{SchedulingPolicy: gangPolicy(2), DisruptionMode: &schedulingv1beta1.DisruptionMode{Single: single.Single, All: all.All}},
@@ -77,6 +82,7 @@ func FuzzReadUpstreamGroup(f *testing.F) {
 		// As the Job controller (WorkloadWithJob) creates it.
 		`{"apiVersion":"scheduling.k8s.io/v1beta1","kind":"PodGroup","metadata":{"name":"train-pg","namespace":"team-a"},"spec":{"workloadRef":{"workloadName":"train","templateName":"job"},"schedulingPolicy":{"gang":{"minCount":4}},"disruptionMode":{"all":{}},"priority":0}}`,
 		`{"metadata":{"name":"g","namespace":"ns"},"spec":{"schedulingPolicy":{"basic":{}}}}`,
+		`{"metadata":{"name":"g","namespace":"ns"},"spec":{"schedulingPolicy":{"gang":{"minCount":8}},"schedulingConstraints":{"topology":[{"key":"example.com/rack"}]}}}`,
 		`{"metadata":{"name":"g","namespace":"ns"},"spec":{"schedulingPolicy":{"gang":{"minCount":-2147483648}},"preemptionPolicy":"Never","priorityClassName":"x"}}`,
 		`{"metadata":{"name":"g","namespace":"ns"},"spec":{"schedulingPolicy":{"gang":{"minCount":2}},"resourceClaims":[{"name":"c","resourceClaimTemplateName":"t"}]}}`,
 		`{"metadata":{"name":"g","namespace":"ns"},"spec":{"schedulingPolicy":{"gang":{"minCount":2},"basic":{}},"disruptionMode":{"single":{},"all":{}}}}`,
@@ -107,6 +113,8 @@ func FuzzReadUpstreamGroup(f *testing.F) {
 			t.Fatalf("disruption %q", got.disruption)
 		case len(pg.Spec.ResourceClaims) > 0:
 			t.Fatalf("shared claims accepted: %+v", pg.Spec.ResourceClaims)
+		case got.topologyKey != "" && len(validation.IsQualifiedName(got.topologyKey)) > 0:
+			t.Fatalf("topology key %q accepted", got.topologyKey)
 		}
 	})
 }

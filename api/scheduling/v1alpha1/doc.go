@@ -1,5 +1,5 @@
-// Package v1alpha1 holds Tessera's scheduling API: Queue (cluster-scoped) and
-// PodGroup (namespaced) in scheduling.tessera.dev/v1alpha1.
+// Package v1alpha1 holds Tessera's scheduling API: Queue and Topology
+// (cluster-scoped) and PodGroup (namespaced) in scheduling.tessera.dev/v1alpha1.
 //
 // +kubebuilder:object:generate=true
 // +groupName=scheduling.tessera.dev
@@ -29,7 +29,7 @@ func Resource(resource string) schema.GroupResource {
 }
 
 func addKnownTypes(scheme *runtime.Scheme) error {
-	scheme.AddKnownTypes(SchemeGroupVersion, &Queue{}, &QueueList{}, &PodGroup{}, &PodGroupList{})
+	scheme.AddKnownTypes(SchemeGroupVersion, &Queue{}, &QueueList{}, &PodGroup{}, &PodGroupList{}, &Topology{}, &TopologyList{})
 	metav1AddToGroupVersion(scheme)
 	return nil
 }

@@ -30,6 +30,7 @@ const (
 )
 
 // PodGroupSpec describes a gang: pods annotated tessera.dev/pod-group: NAME.
+// +kubebuilder:validation:XValidation:rule="!has(self.topology) || !has(self.subGroups) || self.subGroups.all(g, !has(g.topology) || g.topology.name == self.topology.name)",message="a subgroup's topology must name the group's topology"
 type PodGroupSpec struct {
 	// MinMember is how many pods must be placed together, all or none.
 	// +kubebuilder:validation:Minimum=1
@@ -53,6 +54,10 @@ type PodGroupSpec struct {
 	// PriorityClassName gives the gang's priority; empty means the pods' own.
 	// +optional
 	PriorityClassName string `json:"priorityClassName,omitempty"`
+	// Topology keeps the gang inside one domain of a level of a Topology
+	// (required) or as close as it fits (preferred).
+	// +optional
+	Topology *TopologyConstraint `json:"topology,omitempty"`
 }
 
 // PodSubGroup is one part of a gang: see PodGroupSpec.SubGroups.
@@ -67,6 +72,10 @@ type PodSubGroup struct {
 	// together, with the rest of the gang.
 	// +kubebuilder:validation:Minimum=1
 	MinMember int32 `json:"minMember"`
+	// Topology keeps this subgroup's pods in one domain (inside the
+	// group's, when the group has one); it names the group's Topology.
+	// +optional
+	Topology *TopologyConstraint `json:"topology,omitempty"`
 }
 
 // PodGroupStatus is what the scheduler observed about a gang.
