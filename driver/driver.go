@@ -79,6 +79,10 @@ type Options struct {
 	// against the API server (see reconcileClaims); 1m when 0, never after
 	// the one at start when negative.
 	ReconcileInterval time.Duration
+
+	// LabelClique writes the GPUs' multi-node NVLink clique as the node
+	// label draname.LabelClique (clique.go).
+	LabelClique bool
 }
 
 // Driver is a running plugin.
@@ -251,6 +255,13 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		defer d.wg.Done()
 		d.watchHealth(d.ctx, events)
 	}()
+	if clique := nodeClique(logger, devs); opts.LabelClique && clique != "" {
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			d.labelClique(d.ctx, clique)
+		}()
+	}
 	if opts.ReconcileInterval > 0 {
 		d.wg.Add(1)
 		go func() {

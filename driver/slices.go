@@ -31,6 +31,7 @@ const (
 	AttrNVLinkDomain          resourceapi.QualifiedName = draname.AttrNVLinkDomain
 	AttrNVLinkPeers           resourceapi.QualifiedName = draname.AttrNVLinkPeers
 	AttrMode                  resourceapi.QualifiedName = draname.AttrMode
+	AttrClique                resourceapi.QualifiedName = draname.AttrClique
 	AttrPCIBusID                                        = deviceattribute.StandardDeviceAttributePCIBusID
 	AttrPCIeRoot                                        = deviceattribute.StandardDeviceAttributePCIeRoot
 	AttrNUMANode              resourceapi.QualifiedName = draname.AttrNUMANode
@@ -126,6 +127,9 @@ func BuildDevicesHeld(devs []gpu.Device, health Health, held DevicePluginHeld, m
 		}
 		if g.NVLinkDomain != "" {
 			attrs[AttrNVLinkDomain] = resourceapi.DeviceAttribute{StringValue: ptr.To(g.NVLinkDomain)}
+		}
+		if g.Clique != "" {
+			attrs[AttrClique] = resourceapi.DeviceAttribute{StringValue: ptr.To(g.Clique)}
 		}
 		if g.PCIBusID != "" {
 			attrs[AttrPCIBusID] = resourceapi.DeviceAttribute{StringValue: ptr.To(g.PCIBusID)}

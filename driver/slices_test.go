@@ -194,10 +194,12 @@ func TestBuildDevicesFakeProfiles(t *testing.T) {
 		gpus    int
 		domains int
 		peers   int64
+		clique  string
 	}{
-		{"h100-sxm-8", 8, 1, 7},
-		{"a100-pcie-4", 4, 2, 1},
-		{"l4-2", 2, 2, 0},
+		{"h100-sxm-8", 8, 1, 7, ""},
+		{"a100-pcie-4", 4, 2, 1, ""},
+		{"l4-2", 2, 2, 0, ""},
+		{"gb200-nvl72", 4, 1, 3, gpu.FakeClusterUUID.String() + ".1"},
 	} {
 		t.Run(tc.profile, func(t *testing.T) {
 			f, err := gpu.NewFake(tc.profile, "node-a")
@@ -210,6 +212,11 @@ func TestBuildDevicesFakeProfiles(t *testing.T) {
 			for _, d := range out {
 				domains[*d.Attributes[AttrNVLinkDomain].StringValue] = true
 				assert.Equal(t, tc.peers, *d.Attributes[AttrNVLinkPeers].IntValue)
+				if c, ok := d.Attributes[AttrClique]; tc.clique == "" {
+					assert.False(t, ok, "a clique attribute without a clique")
+				} else {
+					assert.Equal(t, tc.clique, *c.StringValue)
+				}
 			}
 			assert.Len(t, domains, tc.domains)
 			// Deterministic: equal input, deeply equal output (no churn on restart).

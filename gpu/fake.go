@@ -83,6 +83,15 @@ func NewFakeFromSpec(spec ProfileSpec, nodeName string, opts ...Option) (*Fake, 
 	if err != nil {
 		return nil, err
 	}
+	var given options
+	for _, opt := range opts {
+		opt(&given)
+	}
+	if given.fakeClique != "" {
+		if r.clique, err = cliqueInput(given.fakeClique); err != nil {
+			return nil, err
+		}
+	}
 	configs := make([]gpus.Config, len(r.gpus))
 	for i, g := range r.gpus {
 		configs[i] = g.config
@@ -294,6 +303,18 @@ func (f *Fake) wireDevice(i int, d *server.Device) {
 			return 0, lost
 		}
 		return getMinor()
+	}
+	// Fabric info as a GB200 reports it once registered; other GPUs, as a
+	// Hopper without multi-node NVLink: not supported.
+	d.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
+		if f.lost(i) {
+			return nvml.GpuFabricInfo{}, lost
+		}
+		if f.profile.clique == "" {
+			return nvml.GpuFabricInfo{}, nvml.ERROR_NOT_SUPPORTED
+		}
+		cluster, id, _ := ParseClique(f.profile.clique)
+		return nvml.GpuFabricInfo{ClusterUuid: cluster, CliqueId: id, State: nvml.GPU_FABRIC_STATE_COMPLETED, Status: uint32(nvml.SUCCESS)}, nvml.SUCCESS
 	}
 	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
 		if f.lost(i) {

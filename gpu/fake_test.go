@@ -23,7 +23,7 @@ func newFake(t *testing.T, profile string) *Fake {
 }
 
 func TestProfilesListed(t *testing.T) {
-	assert.Equal(t, []string{"a100-pcie-4", "h100-sxm-8", "h200-sxm-8", "l4-2"}, Profiles())
+	assert.Equal(t, []string{"a100-pcie-4", "gb200-nvl72", "h100-sxm-8", "h200-sxm-8", "l4-2"}, Profiles())
 }
 
 func TestFakeProfiles(t *testing.T) {
@@ -61,6 +61,13 @@ func TestFakeProfiles(t *testing.T) {
 			peers:    []int{1, 1, 1, 1},
 			numa:     []int{0, 0, 1, 1},
 			firstBus: "0000:31:00.0", root: "pci0000:30",
+		},
+		{
+			profile: "gb200-nvl72", count: 4, product: "NVIDIA GB200", arch: "Blackwell", cc: "10.0",
+			memory: 189471 << 20, sms: 148, mig: true, domains: 1,
+			peers:    []int{3, 3, 3, 3},
+			numa:     []int{0, 0, 1, 1},
+			firstBus: "0000:01:00.0", root: "pci0000:00",
 		},
 		{
 			profile: "l4-2", count: 2, product: "NVIDIA L4", arch: "Ada Lovelace", cc: "8.9",

@@ -50,10 +50,19 @@ type options struct {
 	// quietPeriod is how long a GPU must stay free of critical XIDs before it
 	// is reported healthy again; it keeps a flaky GPU from flapping.
 	quietPeriod time.Duration
+	// fakeClique overrides a fake profile's clique (WithFakeClique).
+	fakeClique string
 }
 
 // Option tunes an inventory.
 type Option func(*options)
+
+// WithFakeClique puts a fake node's GPUs in a multi-node NVLink clique:
+// "<cluster UUID>.<clique ID>", or a clique ID alone on FakeClusterUUID.
+// Real GPUs report their own; NewFake checks the value.
+func WithFakeClique(clique string) Option {
+	return func(o *options) { o.fakeClique = clique }
+}
 
 // WithHealthProbeInterval sets how often Health re-checks every GPU.
 func WithHealthProbeInterval(d time.Duration) Option {
@@ -217,6 +226,10 @@ func (n *NVMLInventory) readDevice(h nvml.Device, index int) (Device, error) {
 	case nvml.ERROR_NOT_SUPPORTED:
 	default:
 		return d, nvmlErr(what("MIG mode"), ret)
+	}
+	var err error
+	if d.Clique, err = readClique(h); err != nil {
+		return d, fmt.Errorf("GPU %d: %w", index, err)
 	}
 	return d, nil
 }

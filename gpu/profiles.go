@@ -33,6 +33,7 @@ var models = map[string]model{
 	"h100-sxm-80gb":  {config: gpus.H100_SXM5_80GB, multiprocessors: 132, migCapable: true},
 	"h200-sxm-141gb": {config: gpus.H200_SXM5_141GB, multiprocessors: 132, migCapable: true},
 	"b200-sxm-180gb": {config: gpus.B200_SXM5_180GB, multiprocessors: 148, migCapable: true},
+	"gb200-186gb":    {config: gb200, multiprocessors: 148, migCapable: true},
 	"l4-24gb":        {config: l4, multiprocessors: 58},
 	"l40s-48gb":      {config: l40s, multiprocessors: 142},
 	"rtx-a6000-48gb": {config: rtxA6000, multiprocessors: 84},
@@ -54,6 +55,15 @@ var (
 	}
 )
 
+// gb200 is a Grace Blackwell superchip's GPU: B200's mock with the GB200's
+// name and memory (186 GB usable of 192).
+var gb200 = func() gpus.Config {
+	c := renamed(gpus.B200_SXM5_180GB, "NVIDIA GB200")
+	c.MemoryMB = 189471
+	c.PciDeviceId = 0x294110DE
+	return c
+}()
+
 func renamed(c gpus.Config, name string) gpus.Config {
 	c.Name = name
 	return c
@@ -68,6 +78,10 @@ type ProfileSpec struct {
 	CUDADriverVersion string      `json:"cudaDriverVersion,omitempty"`
 	GPUs              []GPUSpec   `json:"gpus"`
 	NVLink            *NVLinkSpec `json:"nvlink,omitempty"`
+	// Clique puts every GPU in a multi-node NVLink clique,
+	// "<cluster UUID>.<clique ID>" (as NVML's fabric info reads); empty for
+	// none. WithFakeClique (--fake-clique) overrides it.
+	Clique string `json:"clique,omitempty"`
 }
 
 // GPUSpec is one group of identical GPUs in a profile.
@@ -128,6 +142,18 @@ var builtinProfiles = map[string]ProfileSpec{
 			{Model: "a100-pcie-40gb", Count: 2, NUMANode: ptr(1), PCIBusIDs: []string{"0000:b1:00.0", "0000:ca:00.0"}},
 		},
 		NVLink: &NVLinkSpec{Bridges: []BridgeSpec{{GPUs: [2]int{0, 1}, Links: 12}, {GPUs: [2]int{2, 3}, Links: 12}}},
+	},
+	// One compute tray of a GB200 NVL72 rack: 4 GPUs on the rack's NVLink
+	// fabric, clique 1 of FakeClusterUUID unless --fake-clique says
+	// another, so a test lays out the trays of a rack (18 of them in one
+	// clique) or several racks.
+	"gb200-nvl72": {
+		GPUs: []GPUSpec{
+			{Model: "gb200-186gb", Count: 2, NUMANode: ptr(0), PCIBusIDs: []string{"0000:01:00.0", "0000:11:00.0"}},
+			{Model: "gb200-186gb", Count: 2, NUMANode: ptr(1), PCIBusIDs: []string{"0000:81:00.0", "0000:91:00.0"}},
+		},
+		NVLink: &NVLinkSpec{NVSwitch: true},
+		Clique: FakeClusterUUID.String() + ".1",
 	},
 	"l4-2": {
 		GPUs: []GPUSpec{
@@ -212,6 +238,8 @@ type resolvedProfile struct {
 	gpus          []fakeGPU
 	nvswitch      bool
 	links         map[[2]int]int // GPU pair (low, high) -> NVLink count
+	// clique is every GPU's multi-node NVLink clique ("" for none).
+	clique string
 }
 
 var (
@@ -245,6 +273,12 @@ func (p ProfileSpec) resolve() (*resolvedProfile, error) {
 	}
 	if len(p.GPUs) == 0 {
 		return nil, fmt.Errorf("gpus: at least one GPU group is required")
+	}
+	if p.Clique != "" {
+		if _, _, err := ParseClique(p.Clique); err != nil {
+			return nil, fmt.Errorf("clique: %w", err)
+		}
+		r.clique = p.Clique
 	}
 	seenBus := map[string]string{}
 	for gi, g := range p.GPUs {

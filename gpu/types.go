@@ -30,6 +30,10 @@ type Device struct {
 	// a domain of its own.
 	NVLinkDomain string
 	MIGCapable   bool
+	// Clique is the multi-node NVLink clique, "<cluster UUID>.<clique ID>"
+	// (NVML's fabric info; fabric.go): GPUs of several nodes that share it
+	// are on one NVLink fabric. "" without one.
+	Clique string
 }
 
 // HealthEvent reports a change in a GPU's health.

@@ -33,6 +33,7 @@ import (
 	"github.com/tessera-gpu/tessera/driver"
 	"github.com/tessera-gpu/tessera/gpu"
 	"github.com/tessera-gpu/tessera/internal/assignment"
+	"github.com/tessera-gpu/tessera/internal/draname"
 	"github.com/tessera-gpu/tessera/internal/gpufault"
 	"github.com/tessera-gpu/tessera/internal/killpoint"
 	"github.com/tessera-gpu/tessera/internal/version"
@@ -62,6 +63,8 @@ type config struct {
 	shareSlots        int
 	claimCheck        time.Duration
 	daemonSet         string
+	fakeClique        string
+	labelClique       bool
 }
 
 // env returns the environment's value for a flag: TESSERA_<FLAG> with dashes
@@ -93,6 +96,8 @@ func main() {
 	fs.StringVar(&c.driverRoot, "driver-root", "/", "where this process sees the NVIDIA driver installation")
 	fs.StringVar(&c.hostDriverRoot, "host-driver-root", "/", "where the container runtime sees the NVIDIA driver installation")
 	fs.StringVar(&c.fakeGPUs, "fake-gpus", "", "fake GPU profile (e.g. h100-sxm-8, a100-pcie-4, l4-2, or a YAML file) instead of NVML")
+	fs.StringVar(&c.fakeClique, "fake-clique", "", "with --fake-gpus: the fake GPUs' multi-node NVLink clique, <cluster UUID>.<clique ID> or a clique ID alone (gb200-nvl72 has clique 1 without it)")
+	fs.BoolVar(&c.labelClique, "label-clique", true, "label the node "+draname.LabelClique+"=<cluster UUID>.<clique ID> when its GPUs are in a multi-node NVLink clique (a Topology level can name it)")
 	fs.StringVar(&c.mode, "sharing-mode", "", "fix the sharing mode of every GPU: Exclusive, MPS or TimeSlicing (empty: claims choose)")
 	fs.BoolVar(&c.mps, "mps", true, "offer MPS sharing (runs nvidia-cuda-mps-control per GPU)")
 	fs.StringVar(&c.mpsRoot, "mps-root", sharing.DefaultMPSRoot, "parent of the per-GPU MPS pipe and log directories")
@@ -159,11 +164,18 @@ func run(ctx context.Context, c config) error {
 	var inv gpu.Inventory
 	var fake *gpu.Fake
 	if c.fakeGPUs != "" {
-		if fake, err = gpu.NewFake(c.fakeGPUs, c.nodeName); err != nil {
+		var opts []gpu.Option
+		if c.fakeClique != "" {
+			opts = append(opts, gpu.WithFakeClique(c.fakeClique))
+		}
+		if fake, err = gpu.NewFake(c.fakeGPUs, c.nodeName, opts...); err != nil {
 			return err
 		}
 		inv = fake
 	} else {
+		if c.fakeClique != "" {
+			return errors.New("--fake-clique is for fake GPUs (--fake-gpus); real GPUs report their clique through NVML")
+		}
 		nv, err := gpu.NewNVML()
 		if err != nil {
 			return fmt.Errorf("NVML (use --fake-gpus on nodes without GPUs): %w", err)
@@ -191,6 +203,7 @@ func run(ctx context.Context, c config) error {
 		BootIDPath:        c.bootIDPath,
 		Registerer:        reg,
 		ReconcileInterval: c.claimCheck,
+		LabelClique:       c.labelClique,
 	}
 	if c.claimCheck <= 0 {
 		opts.ReconcileInterval = -1 // at start only

@@ -30,6 +30,13 @@ const (
 	AttrNVLinkDomain          = Driver + "/nvlinkDomain"
 	AttrNVLinkPeers           = Driver + "/nvlinkPeers"
 	AttrMode                  = Driver + "/mode"
+	// AttrClique is a GPU's multi-node NVLink clique, "<cluster UUID>.<clique
+	// ID>" from NVML's fabric info, on GPUs that have one (a GB200 NVL72).
+	AttrClique = Driver + "/clique"
+	// LabelClique is the node label tessera-node writes with the clique of
+	// its GPUs: NVIDIA's GPU feature discovery's name and value, so a
+	// Topology level names it either way.
+	LabelClique = "nvidia.com/gpu.clique"
 	// AttrNUMANode is unqualified: the driver's own domain, as the
 	// NVIDIA driver names it too.
 	AttrNUMANode = "numaNode"
