@@ -3,7 +3,8 @@
 // objects tessera-controller and tessera-node write.
 //
 //	queues      the queue tree: priority, GPU quota, limit and weight; the
-//	            scheduler's fair share, what is allocated and pending; pods
+//	            scheduler's fair share, what is allocated and pending; pods;
+//	            recent usage (the usage history's decayed GPU-hours)
 //	nodes       every Tessera GPU: model, memory, sharing mode, what is used
 //	            and by which pods (from ResourceSlices and allocated claims)
 //	why POD     why a pod waits: the scheduler's reason, its queue, its gang
@@ -97,7 +98,7 @@ func queues(ctx context.Context, c Clients, out io.Writer) error {
 	}
 	sort.Strings(roots)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "QUEUE\tPRIORITY\tGPU QUOTA\tLIMIT\tWEIGHT\tFAIR SHARE\tALLOCATED\tPENDING\tPODS RUNNING/PENDING")
+	fmt.Fprintln(tw, "QUEUE\tPRIORITY\tGPU QUOTA\tLIMIT\tWEIGHT\tFAIR SHARE\tALLOCATED\tPENDING\tPODS RUNNING/PENDING\tRECENT GPU-HOURS")
 	var walk func(name, prefix string, last bool, depth int)
 	walk = func(name, prefix string, last bool, depth int) {
 		q := byName[name]
@@ -128,11 +129,14 @@ func queues(ctx context.Context, c Clients, out io.Writer) error {
 				weight = fmt.Sprint(*g.OverQuotaWeight)
 			}
 		}
-		share, alloc, pend := "-", "-", "-"
+		share, alloc, pend, recent := "-", "-", "-", "-"
 		if st, ok := q.Status.Resources["gpu"]; ok {
 			share, alloc, pend = gpus(st.FairShare), gpus(st.Allocated), gpus(st.Pending)
+			if st.Usage != nil {
+				recent = gpuHours(*st.Usage)
+			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\n", label, prio, quota, limit, weight, share, alloc, pend, q.Status.RunningPods, q.Status.PendingPods)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\n", label, prio, quota, limit, weight, share, alloc, pend, q.Status.RunningPods, q.Status.PendingPods, recent)
 		kids := children[name]
 		sort.Strings(kids)
 		next := prefix
@@ -166,6 +170,16 @@ func orUnlimited(q *resource.Quantity, word string) string {
 // gpus writes a GPU amount as a decimal (1.5, not 1500m).
 func gpus(q resource.Quantity) string {
 	return strconv.FormatFloat(float64(q.MilliValue())/1000, 'f', -1, 64)
+}
+
+// gpuHours writes a decayed usage in GPU-seconds as GPU-hours: three
+// decimals below 10 (a few minutes of one GPU still shows), one above.
+func gpuHours(q resource.Quantity) string {
+	h := float64(q.MilliValue()) / 1000 / 3600
+	if h < 10 {
+		return strconv.FormatFloat(h, 'f', 3, 64)
+	}
+	return strconv.FormatFloat(h, 'f', 1, 64)
 }
 
 // gpuUse is what the allocated claims hold of one GPU.

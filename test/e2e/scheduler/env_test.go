@@ -45,6 +45,8 @@ type env struct {
 	sched  *kube.Scheduler
 	// reg holds the running scheduler's metrics.
 	reg *prometheus.Registry
+	// usage, when set before startScheduler, keeps a usage history.
+	usage *kube.UsageOptions
 }
 
 func newEnv(t *testing.T) *env {
@@ -96,7 +98,7 @@ func (e *env) installCRDs() {
 func (e *env) startScheduler(cfg core.Config) {
 	e.t.Helper()
 	e.reg = prometheus.NewRegistry()
-	s, err := kube.New(kube.Options{Client: e.client, Dynamic: e.dyn, Interval: 200 * time.Millisecond, Core: cfg, Metrics: kube.NewMetrics(e.reg)})
+	s, err := kube.New(kube.Options{Client: e.client, Dynamic: e.dyn, Interval: 200 * time.Millisecond, Core: cfg, Metrics: kube.NewMetrics(e.reg), Usage: e.usage})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package scheduler_test
 import (
 	"bytes"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/cmd/kubectl-tessera/ctl"
 	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/driver"
 	"github.com/tessera-gpu/tessera/internal/assignment"
 )
@@ -24,6 +26,8 @@ func TestKubectlPlugin(t *testing.T) {
 	e.addGPUNode("gpu-a", "l4-2")
 	e.createQueue("research", "", "2", "", 100)
 	e.createQueue("vision", "research", "1", "2", 100)
+	// A usage history of 1 s buckets, so recent usage shows within seconds.
+	e.usage = &kube.UsageOptions{Config: core.UsageConfig{Bucket: time.Second, Window: 10 * time.Minute}, Namespace: e.ns}
 	e.startScheduler(core.Config{})
 	e.createPod(podSpec{name: "trainer", queue: "vision", claim: &gpuClaim{}})
 	e.createPod(podSpec{name: "infer-a", queue: "vision", claim: &gpuClaim{class: "mps.gpu.tessera.dev", memory: "6Gi"}})
@@ -63,6 +67,20 @@ func TestKubectlPlugin(t *testing.T) {
 		// own write, so wait for both.
 		return hasRow(queues, "└─", "vision", "100", "1", "2", "1", "2", "1.5", "2", "3/1") &&
 			hasRow(queues, "research", "100", "2", "none", "1", "2", "1.5", "2", "3/1"), queues
+	})
+	// Recent usage: 1.5 GPUs held for a few seconds is a few thousandths of
+	// a GPU-hour, the same for vision and its parent.
+	e.eventually("recent usage in kubectl tessera queues", 30*time.Second, func() (bool, string) {
+		queues = run("queues")
+		for _, line := range strings.Split(queues, "\n") {
+			f := strings.Fields(line)
+			if len(f) > 2 && (f[0] == "research" || f[1] == "vision") {
+				if h, err := strconv.ParseFloat(f[len(f)-1], 64); err != nil || h <= 0 {
+					return false, queues
+				}
+			}
+		}
+		return true, queues
 	})
 	if !strings.Contains(queues, `run in queue "default", which has no Queue object`) {
 		t.Errorf("no word on the implicit default queue:\n%s", queues)
