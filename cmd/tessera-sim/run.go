@@ -20,7 +20,7 @@ func init() {
 	})
 }
 
-const runHelp = `usage: tessera-sim run FILE... [--json] [--trace] [--timing] [--step] [--timeout 5m]
+const runHelp = `usage: tessera-sim run FILE... [--json] [--trace] [--timing] [--step] [--timeout 5m] [--plot OUT.svg]
 
 Runs every scenario of every FILE (YAML documents split by ---) through the
 scheduling core and checks its expectations.
@@ -33,6 +33,10 @@ scheduling core and checks its expectations.
              nothing can change, which are skipped otherwise; same report
   --timeout  stop when the whole run has taken this long (default 5m; 0: no
              limit), naming the scenario and cycle it reached
+  --plot     draw each timed run's queues over time to this .svg or .png
+             file (several timed scenarios: OUT-<scenario>.svg each):
+             allocation stacked and per queue, fair share, quota, schedule
+             windows shaded; the paths written go to stderr
 
 exit 0: every expectation held · 1: some expectation failed ·
 2: a file could not be read or is invalid (the message names the file, the
@@ -53,6 +57,7 @@ func runScenarios(args []string, stdout, stderr io.Writer) int {
 	timing := fs.Bool("timing", false, "")
 	step := fs.Bool("step", false, "")
 	timeout := fs.Duration("timeout", defaultTimeout, "")
+	plotOut := fs.String("plot", "", "")
 	// Flags may come before or after the files.
 	var files []string
 	for len(args) > 0 {
@@ -132,6 +137,16 @@ func runScenarios(args []string, stdout, stderr io.Writer) int {
 		if err := scenario.WriteTable(out, reps); err != nil {
 			fmt.Fprintf(stderr, "tessera-sim run: %v\n", err)
 			return 2
+		}
+	}
+	if *plotOut != "" {
+		paths, err := writePlots(*plotOut, specs, reps)
+		if err != nil {
+			fmt.Fprintf(stderr, "tessera-sim run: %v\n", err)
+			return 2
+		}
+		for _, p := range paths {
+			fmt.Fprintf(stderr, "tessera-sim run: wrote %s\n", p)
 		}
 	}
 	if failed {

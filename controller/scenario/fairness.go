@@ -131,6 +131,11 @@ type FairnessSampleQueue struct {
 	GPUFairShare     json.Number `json:"gpuFairShare"`
 	GPUHoursReceived json.Number `json:"gpuHoursReceived"`
 	GPUHoursEntitled json.Number `json:"gpuHoursEntitled"`
+	// GPUQuota is the queue's GPU quota in effect (-1: unlimited), and
+	// Scheduled says a schedule window holds: its GPU quota, limit or
+	// weight differ from the queue's own (the plot shades these).
+	GPUQuota  json.Number `json:"gpuQuota"`
+	Scheduled bool        `json:"scheduled,omitempty"`
 
 	received, entitled int64 // milli-GPU-seconds
 }
@@ -145,6 +150,7 @@ func (f *fairness) sample(r *runner, s int64, alloc, got map[string]int64) {
 		if r.last != nil {
 			sq.GPUFairShare = milliNumber(r.last.Queues[q].FairShare[core.ResGPU])
 		}
+		sq.GPUQuota, sq.Scheduled = f.quotaAt(r, q)
 		fs.Queues[q] = sq
 		if d := ent[q] - got[q]; d > f.worst[q].amount {
 			f.worst[q] = deficit{amount: d, at: s}
@@ -155,6 +161,20 @@ func (f *fairness) sample(r *runner, s int64, alloc, got map[string]int64) {
 	}
 	fs.Jain = ratioNumber(jain(x))
 	f.samples = append(f.samples, fs)
+}
+
+// quotaAt is queue q's GPU quota as the run has it now, and whether its
+// GPU settings differ from the file's (a schedule window holds).
+func (f *fairness) quotaAt(r *runner, q string) (json.Number, bool) {
+	for i, sq := range f.spec.Queues {
+		if sq.Name != q || i >= len(r.queues) {
+			continue
+		}
+		now := r.queues[i].Resources[core.ResGPU]
+		own := core.QueueResource{Quota: sq.GPU.Quota, Limit: sq.GPU.Limit, OverQuotaWeight: sq.GPU.Weight}
+		return milliNumber(now.Quota), now != own
+	}
+	return "0", false
 }
 
 // jain is Jain's fairness index (Σx)² / (n·Σx²): 1 when every queue got the
