@@ -175,3 +175,162 @@ func BenchmarkGangSearchWorstCase(b *testing.B) {
 		benchSchedule(b, s)
 	})
 }
+
+// topoLevels are the benchmarks' topology: 4 zones × 4 blocks × 4 racks of
+// 16 nodes (128 GPUs a rack of 8-GPU nodes, 512 a block).
+var topoLevels = []string{"zone", "block", "rack", "kubernetes.io/hostname"}
+
+// labelTopo labels 1,024 nodes into zones, blocks and racks and adds the
+// topology "dc".
+func labelTopo(s *Snapshot) *Snapshot {
+	for i := range s.Nodes {
+		n := &s.Nodes[i]
+		r := i / 16
+		n.Labels = map[string]string{"zone": fmt.Sprintf("z%d", r/16), "block": fmt.Sprintf("b%d", r/4%4), "rack": fmt.Sprintf("r%d", r%4), "kubernetes.io/hostname": n.Name}
+	}
+	s.Topologies = []Topology{{Name: "dc", Levels: topoLevels}}
+	return s
+}
+
+// topoGang is a gang of pods × gpus in queue q, requiring level when
+// withTopo.
+func topoGang(name, q string, pods, gpus int, level string, withTopo bool, created int64) Job {
+	g := Job{Name: name, Queue: q, Priority: 50, Preemptible: true, CreatedAt: time.Unix(created, 0)}
+	if withTopo {
+		g.Topology = &TopologyConstraint{Topology: "dc", Required: level}
+	}
+	for i := 0; i < pods; i++ {
+		g.Pods = append(g.Pods, Pod{Name: fmt.Sprintf("%s-%02d", name, i), Request: Request{GPUs: gpus}})
+	}
+	return g
+}
+
+// benchTopoSnapshot: 1,024 nodes × 8 GPUs in zones, blocks and racks,
+// 10,000 pending one-GPU pods (10 queues), and in queue g (quota 2,304
+// GPUs: the gangs go first) 20 gangs of 8 × 8 GPUs and 4 of 32 × 8,
+// requiring a rack and a block when withTopo.
+func benchTopoSnapshot(withTopo bool) *Snapshot {
+	s := labelTopo(benchAllocateSnapshot(1024, 8, 10000))
+	s.Queues = append(s.Queues, queue("g", "", 2304, -1, 1))
+	for i := 0; i < 20; i++ {
+		s.Jobs = append(s.Jobs, topoGang(fmt.Sprintf("rack%02d", i), "g", 8, 8, "rack", withTopo, int64(i)))
+	}
+	for i := 0; i < 4; i++ {
+		s.Jobs = append(s.Jobs, topoGang(fmt.Sprintf("block%d", i), "g", 32, 8, "block", withTopo, int64(20+i)))
+	}
+	return s
+}
+
+// benchTopoReclaimSnapshot: 1,024 full nodes × 8 GPUs of one-GPU pods of
+// queue a, and in queue b (quota 256 GPUs) one pending gang of 32 × 8
+// GPUs, requiring a block when withTopo: reclaim frees half a block.
+func benchTopoReclaimSnapshot(withTopo bool) *Snapshot {
+	s := labelTopo(fullCluster(1024, 8))
+	s.Queues = append(s.Queues, queue("b", "", 256, -1, 1))
+	s.Jobs = append(s.Jobs, topoGang("gang", "b", 32, 8, "block", withTopo, 1e6))
+	return s
+}
+
+// domainsOf says in how many domains of level each job's binds lie.
+func domainsOf(s *Snapshot, r *Result, level string) map[string]int {
+	labels := map[string]map[string]string{}
+	for _, n := range s.Nodes {
+		labels[n.Name] = n.Labels
+	}
+	seen := map[string]map[string]bool{}
+	for _, b := range r.Binds {
+		l := labels[b.Placement.Node]
+		key := l["zone"] + "/" + l["block"]
+		if level == "rack" {
+			key += "/" + l["rack"]
+		}
+		if seen[b.Job] == nil {
+			seen[b.Job] = map[string]bool{}
+		}
+		seen[b.Job][key] = true
+	}
+	out := map[string]int{}
+	for j, m := range seen {
+		out[j] = len(m)
+	}
+	return out
+}
+
+func TestTopologyBenchSnapshotsDoWhatTheySay(t *testing.T) {
+	if testing.Short() {
+		t.Skip("large")
+	}
+	s := benchTopoSnapshot(true)
+	r := mustSchedule(t, s, Config{})
+	racks, blocks := domainsOf(s, r, "rack"), domainsOf(s, r, "block")
+	for i := 0; i < 20; i++ {
+		name := fmt.Sprintf("rack%02d", i)
+		if countBinds(r, name) != 8 || racks[name] != 1 {
+			t.Errorf("%s: %d binds in %d racks; want 8 in 1", name, countBinds(r, name), racks[name])
+		}
+	}
+	for i := 0; i < 4; i++ {
+		name := fmt.Sprintf("block%d", i)
+		if countBinds(r, name) != 32 || blocks[name] != 1 {
+			t.Errorf("%s: %d binds in %d blocks; want 32 in 1", name, countBinds(r, name), blocks[name])
+		}
+	}
+	if len(r.Binds) != 8192-2304+20*8+4*32 {
+		t.Errorf("%d binds, want every GPU taken", len(r.Binds))
+	}
+	s = benchTopoReclaimSnapshot(true)
+	r = mustSchedule(t, s, Config{})
+	if countBinds(r, "gang") != 32 || len(r.Evictions) != 256 || domainsOf(s, r, "block")["gang"] != 1 {
+		t.Errorf("reclaim: %d binds, %d evictions, in %d blocks; want 32, 256, 1", countBinds(r, "gang"), len(r.Evictions), domainsOf(s, r, "block")["gang"])
+	}
+	blocksEvicted := map[string]bool{}
+	for _, e := range r.Evictions {
+		var n Node
+		for _, x := range s.Nodes {
+			if x.Name == e.Node {
+				n = x
+			}
+		}
+		blocksEvicted[n.Labels["zone"]+"/"+n.Labels["block"]] = true
+	}
+	if len(blocksEvicted) != 1 {
+		t.Errorf("reclaim evicted in %d blocks, want 1", len(blocksEvicted))
+	}
+}
+
+// pairedCycles times Schedule on two snapshots alternately, and reports
+// each one's time per cycle and their ratio: the same run, the same
+// machine state.
+func pairedCycles(b *testing.B, with, without *Snapshot) {
+	b.ReportAllocs()
+	b.ResetTimer()
+	var tw, to time.Duration
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		if _, err := Schedule(with, Config{}); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if _, err := Schedule(without, Config{}); err != nil {
+			b.Fatal(err)
+		}
+		tw, to = tw+t1.Sub(t0), to+time.Since(t1)
+	}
+	b.ReportMetric(float64(tw.Nanoseconds())/float64(b.N), "topo-ns/cycle")
+	b.ReportMetric(float64(to.Nanoseconds())/float64(b.N), "plain-ns/cycle")
+	b.ReportMetric(float64(tw)/float64(to), "ratio")
+}
+
+// BenchmarkTopologyCycle1024x8: a full cycle of benchTopoSnapshot with the
+// gangs' topology constraints against the same cycle without them (target:
+// ratio ≤ 1.5).
+func BenchmarkTopologyCycle1024x8(b *testing.B) {
+	pairedCycles(b, benchTopoSnapshot(true), benchTopoSnapshot(false))
+}
+
+// BenchmarkTopologyReclaimBlock1024x8Full: the cycle in which reclaim
+// frees half a block for a 32 × 8 gang requiring a block, at 1,024 full
+// nodes, against the same reclaim without the constraint (target: ≤ 1 s).
+func BenchmarkTopologyReclaimBlock1024x8Full(b *testing.B) {
+	pairedCycles(b, benchTopoReclaimSnapshot(true), benchTopoReclaimSnapshot(false))
+}
