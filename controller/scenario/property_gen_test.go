@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,6 +33,25 @@ type pgNode struct {
 	nvlink string // all | pairs | none
 	cpu    int64  // milli
 	mem    int64  // bytes
+	// grp is the node's entry in the file (nodeYAML).
+	grp int
+	// zone and rack are its labels ("": none); the topology dc is zone,
+	// rack, kubernetes.io/hostname.
+	zone, rack string
+}
+
+// domainAt is the node's domain of a level of dc ("zone" or "rack"): its
+// zone, or zone/rack; "" when a label is missing (in no domain).
+func (n *pgNode) domainAt(level string) string {
+	switch {
+	case n.zone == "":
+		return ""
+	case level == "zone":
+		return n.zone
+	case n.rack == "":
+		return ""
+	}
+	return n.zone + "/" + n.rack
 }
 
 // domain is GPU g's NVLink domain as SCENARIOS.md defines it ("" = none).
@@ -126,6 +146,9 @@ type pgJob struct {
 	pods      []*pgPod
 	// subs are the job's subgroups (Job.SubGroups), in order.
 	subs []pgSub
+	// required is the level of dc the job requires ("zone", "rack" or
+	// ""); subRequired the one each of its subgroups requires.
+	required, subRequired string
 }
 
 type pgSub struct {
@@ -169,6 +192,8 @@ type pgScenario struct {
 	queues        []*pgQueue // file order (parents before children)
 	jobs          []*pgJob
 	yaml          string
+	// topology: the file has the topology dc (genTopology).
+	topology bool
 }
 
 // pgGPUUse is a GPU's use by the running pods placed so far.
@@ -186,8 +211,11 @@ type pgGen struct {
 	// main stream (r), and with it everything else a seed generates, is
 	// what it was before alternatives were generated. sub draws subgroups
 	// the same way.
-	alt      *rand.Rand
-	sub      *rand.Rand
+	alt *rand.Rand
+	sub *rand.Rand
+	// topo draws node labels and topology constraints, from its own
+	// stream in the same way.
+	topo     *rand.Rand
 	sc       *pgScenario
 	use      map[string][]pgGPUUse
 	cpuUsed  map[string]int64
@@ -215,7 +243,7 @@ func (g *pgGen) shuffledNodes() []*pgNode {
 
 // generateProperty builds the scenario of one seed: its model and its YAML.
 func generateProperty(seed uint64) *pgScenario {
-	g := &pgGen{r: rand.New(rand.NewPCG(seed, 0x7e55e7a)), alt: rand.New(rand.NewPCG(seed, 0xa17e5)), sub: rand.New(rand.NewPCG(seed, 0x5b9)), use: map[string][]pgGPUUse{}, cpuUsed: map[string]int64{}, memUsed: map[string]int64{}}
+	g := &pgGen{r: rand.New(rand.NewPCG(seed, 0x7e55e7a)), alt: rand.New(rand.NewPCG(seed, 0xa17e5)), sub: rand.New(rand.NewPCG(seed, 0x5b9)), topo: rand.New(rand.NewPCG(seed, 0x7090)), use: map[string][]pgGPUUse{}, cpuUsed: map[string]int64{}, memUsed: map[string]int64{}}
 	sc := &pgScenario{seed: seed, name: fmt.Sprintf("property-%d", seed)}
 	if os.Getenv("TESSERA_PROPERTY_MODE") == "reclaim" {
 		g.reclaimy = true
@@ -233,6 +261,7 @@ func generateProperty(seed uint64) *pgScenario {
 	g.genNodes()
 	g.genQueues()
 	g.genJobs()
+	g.genTopology()
 	sc.yaml = g.render()
 	return sc
 }
@@ -279,6 +308,7 @@ func (g *pgGen) genNodes() {
 		for k := 0; k < count; k++ {
 			nn := n
 			nn.name = base
+			nn.grp = gi
 			if withCount {
 				nn.name = fmt.Sprintf("%s-%d", base, k)
 			}
@@ -838,6 +868,9 @@ func (g *pgGen) render() string {
 	for _, l := range g.nodeYAML {
 		b.WriteString(l + "\n")
 	}
+	if sc.topology {
+		b.WriteString("topologies:\n- {name: dc, levels: [zone, rack, kubernetes.io/hostname]}\n")
+	}
 	b.WriteString("queues:\n")
 	for _, q := range sc.queues {
 		b.WriteString(q.line + "\n")
@@ -924,4 +957,68 @@ func subField(sub string) string {
 		return ""
 	}
 	return ", subGroup: " + sub
+}
+
+var pgSubEntry = regexp.MustCompile(`\{name: (s\d), minMember: (\d+)\}`)
+
+// genTopology gives about a third of the scenarios the topology dc (zone,
+// rack, hostname), from its own stream (g.topo), so that every seed makes
+// the scenario it made before, plus this: each node entry a zone of two
+// and a rack of two (now and then no rack label, or none at all), and
+// about half the jobs whose pods all wait a constraint: a required rack
+// or zone, a preferred rack, or a required zone and a preferred rack; a
+// job with subgroups and a required zone sometimes a required rack per
+// subgroup. Running pods never get one: their start is valid as it is.
+func (g *pgGen) genTopology() {
+	if g.topo.Float64() >= 0.35 {
+		return
+	}
+	g.sc.topology = true
+	for gi := range g.nodeYAML {
+		zone, rack := fmt.Sprintf("z%d", g.topo.IntN(2)), fmt.Sprintf("r%d", g.topo.IntN(2))
+		switch x := g.topo.Float64(); {
+		case x < 0.05:
+			zone, rack = "", ""
+		case x < 0.15:
+			rack = ""
+		}
+		var labels []string
+		if zone != "" {
+			labels = append(labels, "zone: "+zone)
+		}
+		if rack != "" {
+			labels = append(labels, "rack: "+rack)
+		}
+		for _, n := range g.sc.nodes {
+			if n.grp == gi {
+				n.zone, n.rack = zone, rack
+			}
+		}
+		if len(labels) > 0 {
+			l := g.nodeYAML[gi]
+			g.nodeYAML[gi] = l[:len(l)-1] + ", labels: {" + strings.Join(labels, ", ") + "}}"
+		}
+	}
+	for ji, j := range g.sc.jobs {
+		if slices.ContainsFunc(j.pods, func(p *pgPod) bool { return p.runNode != "" }) || g.topo.Float64() >= 0.5 {
+			continue
+		}
+		var c string
+		switch g.topo.IntN(4) {
+		case 0:
+			j.required, c = "rack", "required: rack"
+		case 1:
+			j.required, c = "zone", "required: zone"
+		case 2:
+			c = "preferred: rack"
+		default:
+			j.required, c = "zone", "required: zone, preferred: rack"
+		}
+		y := strings.Replace(g.jobYAML[ji], "\n  pods:\n", "\n  topology: {name: dc, "+c+"}\n  pods:\n", 1)
+		if j.subs != nil && j.required == "zone" && g.topo.Float64() < 0.5 {
+			j.subRequired = "rack"
+			y = pgSubEntry.ReplaceAllString(y, "{name: $1, minMember: $2, topology: {name: dc, required: rack}}")
+		}
+		g.jobYAML[ji] = y
+	}
 }

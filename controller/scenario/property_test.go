@@ -373,6 +373,7 @@ func runProperty(sc *pgScenario) ([]pViolation, string, map[string]int) {
 			ck.bad("engine", "the runner's own check: %s", f)
 		}
 		ck.checkCycle(before, capture(), r.last)
+		ck.checkTopologyEvictions(capture(), r.last)
 		evictions = append(evictions, len(r.last.Evictions))
 	}
 	ck.cycle = 0
@@ -711,6 +712,10 @@ func (ck *propChecker) checkState(view map[string]podView, when string) {
 			ck.bad("gang", "%s: job %s has %s", when, j.name, why)
 		}
 	}
+
+	// 3b: a gang that requires a level of dc never spans two of its
+	// domains, nor does a subgroup that requires one.
+	ck.checkTopology(view, when)
 
 	// 4: non-preemptible allocations within quota, leaf and ancestors, on
 	// every resource. DESIGN.md gates each non-preemptible job on the
@@ -1338,4 +1343,94 @@ func pgLess(a, b, c, d int64) bool {
 	h1, l1 := bits.Mul64(uint64(a), uint64(b))
 	h2, l2 := bits.Mul64(uint64(c), uint64(d))
 	return h1 < h2 || h1 == h2 && l1 < l2
+}
+
+// podDomain is the domain of level a placed pod's node is in ("" none).
+func (ck *propChecker) podDomain(v podView, level string) string {
+	if n := ck.nodes[v.node]; n != nil {
+		return n.domainAt(level)
+	}
+	return ""
+}
+
+// checkTopology: every job that requires a level has its placed pods in
+// one domain of that level (on nodes that have one), and every subgroup
+// that requires one the same.
+func (ck *propChecker) checkTopology(view map[string]podView, when string) {
+	for _, j := range ck.sc.jobs {
+		if j.required == "" && j.subRequired == "" {
+			continue
+		}
+		doms, subDoms := map[string]bool{}, map[string]map[string]bool{}
+		for _, p := range j.pods {
+			v := view[p.name]
+			if !v.placed() {
+				continue
+			}
+			if j.required != "" {
+				doms[ck.podDomain(v, j.required)] = true
+			}
+			if j.subRequired != "" && p.sub != "" {
+				if subDoms[p.sub] == nil {
+					subDoms[p.sub] = map[string]bool{}
+				}
+				subDoms[p.sub][ck.podDomain(v, j.subRequired)] = true
+			}
+		}
+		if len(doms) > 0 {
+			ck.seen["topology gang"]++
+		}
+		if len(doms) > 1 || doms[""] {
+			ck.bad("topology", "%s: job %s requires one %s; its pods are in %v", when, j.name, j.required, slices.Sorted(maps.Keys(doms)))
+		}
+		for sub, d := range subDoms {
+			if len(d) > 1 || d[""] {
+				ck.bad("topology", "%s: job %s's subgroup %s requires one %s; its pods are in %v", when, j.name, sub, j.subRequired, slices.Sorted(maps.Keys(d)))
+			}
+		}
+	}
+}
+
+// checkTopologyEvictions: an evicting plan made for a job that requires a
+// level evicts only inside that job's domain of the level (where its pods
+// are when the cycle ends): never in a domain the gang did not use.
+func (ck *propChecker) checkTopologyEvictions(after map[string]podView, res *core.Result) {
+	if res == nil {
+		return
+	}
+	planJob := map[int]*pgJob{}
+	for _, b := range res.Binds {
+		if b.Plan > 0 && ck.jobs[b.Job] != nil {
+			planJob[b.Plan] = ck.jobs[b.Job]
+		}
+	}
+	domOf := func(j *pgJob) string {
+		for _, p := range j.pods {
+			if v := after[p.name]; v.placed() {
+				return ck.podDomain(v, j.required)
+			}
+		}
+		return ""
+	}
+	// A victim gang evicted whole for a member inside the domain (the gang
+	// rule) loses its members elsewhere too: those are no victims the plan
+	// chose.
+	inside := map[[2]any]bool{} // plan, victim job
+	for _, e := range res.Evictions {
+		if j := planJob[e.Plan]; e.Plan > 0 && j != nil && j.required != "" && ck.nodes[e.Node] != nil && ck.nodes[e.Node].domainAt(j.required) == domOf(j) {
+			inside[[2]any{e.Plan, e.Job}] = true
+		}
+	}
+	for _, e := range res.Evictions {
+		j := planJob[e.Plan]
+		if e.Plan == 0 || j == nil || j.required == "" {
+			continue
+		}
+		dom := domOf(j)
+		ck.seen["topology evict"]++
+		n := ck.nodes[e.Node]
+		if n == nil || n.domainAt(j.required) != dom && !inside[[2]any{e.Plan, e.Job}] {
+			ck.bad("topology-evict", "plan %d for job %s (one %s, %s) evicted pod %s on node %s, in another %s", e.Plan, j.name, j.required, dom, e.Pod, e.Node, j.required)
+		}
+	}
 }
