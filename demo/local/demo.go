@@ -66,6 +66,10 @@ type Options struct {
 	Nodes []Node
 	// Out receives the story; Log the progress lines (both may be the same).
 	Out, Log io.Writer
+	// Picture, when set, is where the story's picture goes (.svg or .png):
+	// each queue's GPUs allocated, fair share and quota over the run, as
+	// tessera-controller wrote them in the Queues' status.
+	Picture string
 }
 
 // Node is one kwok node with a tessera-node in fake mode.
@@ -81,6 +85,8 @@ var DefaultNodes = []Node{
 
 // Result is what the demo saw, for its test.
 type Result struct {
+	// Picture is where the story's picture was written ("" for none).
+	Picture string
 	// Act1, Act2 and Act3 map "namespace/pod" to its placement after each act.
 	Act1, Act2, Act3 map[string]Placement
 	// Evicted are the pods that act 2's reclaim removed.
@@ -216,8 +222,21 @@ func (d *demo) run(ctx context.Context) (*Result, error) {
 		if err := d.waitOperator(); err != nil {
 			return nil, err
 		}
-	} else if err := d.story5(ctx, res); err != nil {
-		return nil, err
+	} else {
+		var w *watcher
+		if d.opts.Picture != "" {
+			w = d.watchQueues(ctx)
+		}
+		if err := d.story5(ctx, res); err != nil {
+			return nil, err
+		}
+		if w != nil {
+			if err := w.finish(d.opts.Picture); err != nil {
+				return nil, err
+			}
+			res.Picture = d.opts.Picture
+			d.say("\nThe queues over the run (GPUs allocated, fair share, quota, as the controller wrote them in each Queue's status): %s", d.opts.Picture)
+		}
 	}
 	if d.opts.Keep {
 		return res, d.keep(ctx)
@@ -420,6 +439,9 @@ func (d *demo) startController() error {
 		"--metrics-bind-address="+metrics,
 		"--health-probe-bind-address="+health,
 		"--interval=1s",
+		// Recent usage (kubectl tessera queues, tessera_queue_usage) within
+		// the demo's minutes: 10-second buckets.
+		"--usage-bucket=10s", "--usage-window=1h",
 	)
 	if err != nil {
 		return err

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -25,7 +27,8 @@ func TestDemo(t *testing.T) {
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	res, err := Run(ctx, Options{BinDir: binDir, Out: &out, Log: &out})
+	picture := filepath.Join(t.TempDir(), "demo-queues.svg")
+	res, err := Run(ctx, Options{BinDir: binDir, Out: &out, Log: &out, Picture: picture})
 	t.Logf("demo output:\n%s", out.String())
 	if err != nil {
 		t.Fatal(err)
@@ -40,6 +43,17 @@ func TestDemo(t *testing.T) {
 		}
 		if p.Node == "" {
 			t.Errorf("act 1: %s not bound: %s", pod, p.Pending)
+		}
+	}
+	// The picture of the run: written where asked, said so, and it shows
+	// both teams.
+	svg, err := os.ReadFile(picture)
+	if err != nil || res.Picture != picture || !strings.Contains(out.String(), picture) {
+		t.Errorf("picture: %v, result %q, output names it: %v", err, res.Picture, strings.Contains(out.String(), picture))
+	}
+	for _, q := range []string{"team-a", "team-b"} {
+		if !strings.Contains(string(svg), ">"+q+"<") {
+			t.Errorf("no panel of %s in the picture", q)
 		}
 	}
 	if n := len(res.Act1); n != 14 {

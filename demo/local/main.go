@@ -33,6 +33,7 @@ func main() {
 	flag.BoolVar(&opts.NoStory, "no-story", false, "with --keep: only set the scene (nodes, teams' queues, training-operator), no acts")
 	flag.BoolVar(&downFlag, "down", false, "stop a kept demo: every process it recorded, and its folders")
 	flag.StringVar(&opts.StateDir, "state-dir", defaultStateDir(), "where a kept demo records what runs (pids, kubeconfig, log)")
+	flag.StringVar(&opts.Picture, "picture", "", "where the story's picture of the queues over time goes, .svg or .png (default: demo-queues.svg in --state-dir)")
 	flag.BoolVar(&supervise, "supervise", false, "internal: run as the kept demo's detached supervisor")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -58,6 +59,9 @@ func run(ctx context.Context, opts Options, keep, supervise, downFlag bool) erro
 		return fmt.Errorf("--no-story needs --keep")
 	}
 	opts.Keep = keep
+	if opts.Picture == "" {
+		opts.Picture = filepath.Join(opts.StateDir, "demo-queues.svg")
+	}
 	start := time.Now()
 	if _, err := Run(ctx, opts); err != nil {
 		return err
