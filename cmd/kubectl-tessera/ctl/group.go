@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
@@ -74,8 +75,80 @@ func describeTesseraGroup(ctx context.Context, c Clients, pod *v1.Pod, name stri
 	if cond := meta.FindStatusCondition(pg.Status.Conditions, schedv1.PodGroupConditionScheduled); cond != nil {
 		fmt.Fprintf(out, "  %s=%s (%s): %s\n", cond.Type, cond.Status, cond.Reason, cond.Message)
 	}
+	if pg.Spec.Topology != nil {
+		return describeTopology(ctx, c, pg, out)
+	}
 	return nil
 }
+
+// describeTopology writes a gang's topology constraint and the domains
+// its bound pods are in, at the constraint's narrowest level ("rack
+// b2/r2": the values of that level's label and every broader one).
+func describeTopology(ctx context.Context, c Clients, pg *schedv1.PodGroup, out io.Writer) error {
+	tc := pg.Spec.Topology
+	var want []string
+	for _, l := range []struct{ what, key string }{{"required", tc.Required}, {"preferred", tc.Preferred}} {
+		if l.key != "" {
+			want = append(want, fmt.Sprintf("%s %s (%s)", l.what, shortLevel(l.key), l.key))
+		}
+	}
+	fmt.Fprintf(out, "  Topology %s: %s.\n", tc.Name, strings.Join(want, ", "))
+	u, err := c.Dynamic.Resource(kube.TopologyGVR).Get(ctx, tc.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		fmt.Fprintf(out, "  Topology %s does not exist: the gang waits until it does.\n", tc.Name)
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("reading Topology %s: %w", tc.Name, err)
+	}
+	topo := &schedv1.Topology{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, topo); err != nil {
+		return fmt.Errorf("Topology %s: %w", tc.Name, err)
+	}
+	level := tc.Preferred
+	if level == "" {
+		level = tc.Required
+	}
+	var keys []string
+	for _, l := range topo.Spec.Levels {
+		keys = append(keys, l.NodeLabel)
+		if l.NodeLabel == level {
+			break
+		}
+	}
+	pods, err := c.Kube.CoreV1().Pods(pg.Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("listing pods: %w", err)
+	}
+	domains := map[string]int{}
+	for _, p := range pods.Items {
+		if p.Annotations[kube.AnnotationPodGroup] != pg.Name || p.Spec.NodeName == "" {
+			continue
+		}
+		node, err := c.Kube.CoreV1().Nodes().Get(ctx, p.Spec.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("reading node %s: %w", p.Spec.NodeName, err)
+		}
+		var vals []string
+		for _, k := range keys {
+			vals = append(vals, dash(node.Labels[k]))
+		}
+		domains[strings.Join(vals, "/")]++
+	}
+	if len(domains) == 0 {
+		return nil
+	}
+	var in []string
+	for d, n := range domains {
+		in = append(in, fmt.Sprintf("%s %s (%d pods)", shortLevel(level), d, n))
+	}
+	sort.Strings(in)
+	fmt.Fprintf(out, "  Placed in %s.\n", strings.Join(in, ", "))
+	return nil
+}
+
+// shortLevel is a level's name in people's words, as the scheduler's
+// reasons say it: the last path segment of its label key.
+func shortLevel(key string) string { return key[strings.LastIndexByte(key, '/')+1:] }
 
 func describeUpstreamGroup(ctx context.Context, c Clients, ns, name string, out io.Writer) error {
 	pg, err := c.Kube.SchedulingV1beta1().PodGroups(ns).Get(ctx, name, metav1.GetOptions{})

@@ -146,7 +146,15 @@ func (e *env) addGPUNodeWith(name, profile string, extra v1.ResourceList, taints
 		Spec:       v1.NodeSpec{Taints: taints},
 		Status:     v1.NodeStatus{Capacity: capacity},
 	})
-	inv, err := gpu.NewFake(profile, name)
+	return e.startTesseraNode(name, profile)
+}
+
+// startTesseraNode runs tessera-node in-process (fake GPUs of profile,
+// opts) for the kwok node name and waits for its slice.
+func (e *env) startTesseraNode(name, profile string, opts ...gpu.Option) *driver.Driver {
+	t := e.t
+	t.Helper()
+	inv, err := gpu.NewFake(profile, name, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,6 +167,7 @@ func (e *env) addGPUNodeWith(name, profile string, extra v1.ResourceList, taints
 		PluginDataDir: filepath.Join(dir, "plugin"),
 		CDI:           cdi.Options{Root: filepath.Join(dir, "cdi"), Fake: true},
 		BootIDPath:    "",
+		LabelClique:   true,
 	})
 	if err != nil {
 		t.Fatalf("starting tessera-node for %s: %v", name, err)

@@ -1,0 +1,290 @@
+package scheduler_test
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/tessera-gpu/tessera/cmd/kubectl-tessera/ctl"
+	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/controller/kube"
+	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/internal/draname"
+)
+
+const (
+	labelBlock = "example.com/block"
+	labelRack  = "example.com/rack"
+)
+
+// addRackNodes adds kwok nodes of 2 GPUs (l4-2), 2 per rack, in blocks
+// b1, b2 of racks r1, r2 (rack names repeat across blocks: the domain is
+// the pair), and the Topology dc: block, rack, hostname. It returns the
+// nodes by domain "b1/r1".
+func (e *env) addRackNodes() map[string][]string {
+	e.t.Helper()
+	racks := map[string][]string{}
+	for _, b := range []string{"b1", "b2"} {
+		for _, r := range []string{"r1", "r2"} {
+			for i := 0; i < 2; i++ {
+				name := fmt.Sprintf("%s-%s-%d", b, r, i)
+				e.cp.AddKwokNodeWith(e.t, &v1.Node{
+					ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{labelBlock: b, labelRack: r}},
+					Status: v1.NodeStatus{Capacity: v1.ResourceList{
+						v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi"), v1.ResourcePods: resource.MustParse("110"),
+					}},
+				})
+				e.startTesseraNode(name, "l4-2")
+				racks[b+"/"+r] = append(racks[b+"/"+r], name)
+			}
+		}
+	}
+	if err := e.createTopology("dc", labelBlock, labelRack, "kubernetes.io/hostname"); err != nil {
+		e.t.Fatal(err)
+	}
+	return racks
+}
+
+// createTopology creates a Topology of these levels.
+func (e *env) createTopology(name string, levels ...string) error {
+	var ls []any
+	for _, l := range levels {
+		ls = append(ls, map[string]any{"nodeLabel": l})
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "Topology",
+		"metadata": map[string]any{"name": name},
+		"spec":     map[string]any{"levels": ls},
+	}}
+	_, err := e.dyn.Resource(kube.TopologyGVR).Create(e.ctx, u, metav1.CreateOptions{})
+	return err
+}
+
+// createTopoGroup creates a PodGroup of minMember pods with a topology
+// constraint and returns the API server's answer.
+func (e *env) createTopoGroup(name, queue string, minMember int64, topology map[string]any) error {
+	spec := map[string]any{"minMember": minMember, "topology": topology}
+	if queue != "" {
+		spec["queue"] = queue
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "PodGroup",
+		"metadata": map[string]any{"name": name, "namespace": e.ns},
+		"spec":     spec,
+	}}
+	_, err := e.dyn.Resource(kube.PodGroupGVR).Namespace(e.ns).Create(e.ctx, u, metav1.CreateOptions{})
+	return err
+}
+
+// domainsOf maps each named pod's node to its "block/rack".
+func (e *env) domainsOf(names ...string) map[string]bool {
+	e.t.Helper()
+	out := map[string]bool{}
+	for _, n := range names {
+		node, err := e.client.CoreV1().Nodes().Get(e.ctx, e.pod(n).Spec.NodeName, metav1.GetOptions{})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		out[node.Labels[labelBlock]+"/"+node.Labels[labelRack]] = true
+	}
+	return out
+}
+
+// why is kubectl tessera why pod.
+func (e *env) why(pod string) string {
+	e.t.Helper()
+	var out bytes.Buffer
+	if err := ctl.Run(e.ctx, ctl.Clients{Kube: e.client, Dynamic: e.dyn, Namespace: e.ns}, []string{"why", pod}, &out); err != nil {
+		e.t.Fatalf("kubectl tessera why %s: %v", pod, err)
+	}
+	return out.String()
+}
+
+func podNames(prefix string, n int) []string {
+	var out []string
+	for i := 0; i < n; i++ {
+		out = append(out, fmt.Sprintf("%s-%d", prefix, i))
+	}
+	return out
+}
+
+// TestTopologyGangs on 8 kwok nodes of 2 GPUs in 2 blocks × 2 racks: the
+// CRDs refuse bad objects; a gang naming a missing Topology waits saying
+// so; a required-rack gang lands in the one rack with room although
+// bin-packing alone would fill the partly used nodes of other racks; a
+// preferred-block gang that no block holds spills over two blocks.
+func TestTopologyGangs(t *testing.T) {
+	e := newEnv(t)
+	racks := e.addRackNodes()
+	e.startScheduler(core.Config{})
+
+	for _, bad := range []struct {
+		name, want string
+		err        error
+	}{
+		{name: "twice", want: "each nodeLabel may be listed once", err: e.createTopology("twice", labelRack, labelRack)},
+		{name: "no levels", want: "spec.levels", err: e.createTopology("empty")},
+		{name: "no level in a constraint", want: "set required, preferred or both", err: e.createTopoGroup("nolevel", "", 1, map[string]any{"name": "dc"})},
+	} {
+		if bad.err == nil || !strings.Contains(bad.err.Error(), bad.want) {
+			t.Errorf("%s: got %v, want an error with %q", bad.name, bad.err, bad.want)
+		}
+	}
+
+	// One GPU used in every rack but b2/r2: a 4-pod gang that requires a
+	// rack (4 GPUs) fits only there.
+	var fillers []string
+	for _, d := range []string{"b1/r1", "b1/r2", "b2/r1"} {
+		n := "filler-" + strings.ReplaceAll(d, "/", "-")
+		e.createPod(podSpec{name: n, claim: &gpuClaim{}, nodeSelector: map[string]string{"kubernetes.io/hostname": racks[d][0]}})
+		fillers = append(fillers, n)
+	}
+	e.waitBound(fillers...)
+
+	// A gang naming a Topology that does not exist waits with the reason.
+	if err := e.createTopoGroup("rackgang", "", 4, map[string]any{"name": "dc2", "required": labelRack}); err != nil {
+		t.Fatal(err)
+	}
+	gang := podNames("rackgang", 4)
+	for _, n := range gang {
+		e.createPod(podSpec{name: n, group: "rackgang", claim: &gpuClaim{}})
+	}
+	e.eventually("the gang waiting for its Topology", 30*time.Second, func() (bool, string) {
+		got := pendingReason(e.pod(gang[0]))
+		return contains(got, `topology "dc2" does not exist`), got
+	})
+	if got := e.why(gang[0]); !contains(got, "Topology dc2: required rack (example.com/rack).") || !contains(got, "Topology dc2 does not exist") {
+		t.Errorf("kubectl tessera why %s:\n%s", gang[0], got)
+	}
+	if err := e.createTopology("dc2", labelBlock, labelRack); err != nil {
+		t.Fatal(err)
+	}
+	e.waitBound(gang...)
+	if got := e.domainsOf(gang...); len(got) != 1 || !got["b2/r2"] {
+		t.Fatalf("required-rack gang placed in %v, want b2/r2 only", got)
+	}
+	// kubectl tessera why names the gang's domain.
+	if got := e.why(gang[0]); !contains(got, "Placed in rack b2/r2 (4 pods).") {
+		t.Errorf("kubectl tessera why %s:\n%s", gang[0], got)
+	}
+
+	// 9 GPUs left: 6 in b1, 3 in b2. A gang of 7 preferring a block
+	// fits no block whole and spills over both.
+	if err := e.createTopoGroup("blockgang", "", 7, map[string]any{"name": "dc", "preferred": labelBlock}); err != nil {
+		t.Fatal(err)
+	}
+	spill := podNames("blockgang", 7)
+	for _, n := range spill {
+		e.createPod(podSpec{name: n, group: "blockgang", claim: &gpuClaim{}})
+	}
+	e.waitBound(spill...)
+	blocks := map[string]bool{}
+	for d := range e.domainsOf(spill...) {
+		blocks[strings.Split(d, "/")[0]] = true
+	}
+	if len(blocks) != 2 {
+		t.Fatalf("preferred-block gang in blocks %v; 7 GPUs fit no block, so it spills over both", blocks)
+	}
+	e.checkNoDoubleAllocation()
+}
+
+// TestTopologyReclaim: queue low fills the 16 GPUs with preemptible pods;
+// queue high (quota 4) asks for a gang of 4 GPUs in one rack. Reclaim
+// evicts the pods of one rack, no other, and the gang runs there.
+func TestTopologyReclaim(t *testing.T) {
+	e := newEnv(t)
+	e.addRackNodes()
+	e.createQueue("low", "", "0", "", 100)
+	e.createQueue("high", "", "4", "", 100)
+	e.startScheduler(core.Config{})
+	low := podNames("low", 16)
+	for _, n := range low {
+		e.createPod(podSpec{name: n, queue: "low", priority: "tessera-train", claim: &gpuClaim{}})
+	}
+	e.waitBound(low...)
+	where := map[string]string{}
+	for _, n := range low {
+		where[n] = e.pod(n).Spec.NodeName
+	}
+	if err := e.createTopoGroup("gang", "high", 4, map[string]any{"name": "dc", "required": labelRack}); err != nil {
+		t.Fatal(err)
+	}
+	gang := podNames("gang", 4)
+	for _, n := range gang {
+		e.createPod(podSpec{name: n, group: "gang", queue: "high", claim: &gpuClaim{}})
+	}
+	e.waitBound(gang...)
+	domains := e.domainsOf(gang...)
+	if len(domains) != 1 {
+		t.Fatalf("required-rack gang placed in %v", domains)
+	}
+	// Every evicted pod was in the gang's rack.
+	for _, n := range low {
+		p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, n, metav1.GetOptions{})
+		gone := err != nil || p.DeletionTimestamp != nil || p.Status.Phase == v1.PodFailed
+		if !gone {
+			continue
+		}
+		node, err := e.client.CoreV1().Nodes().Get(e.ctx, where[n], metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := node.Labels[labelBlock] + "/" + node.Labels[labelRack]; !domains[d] {
+			t.Errorf("%s evicted in %s, outside the gang's rack %v", n, d, domains)
+		}
+	}
+}
+
+// TestCliqueTopology: gb200-nvl72 nodes in two NVLink cliques label
+// themselves nvidia.com/gpu.clique; a gang that requires the clique level
+// lands in the clique with room.
+func TestCliqueTopology(t *testing.T) {
+	e := newEnv(t)
+	nodes := map[string]string{"tray-a0": "1", "tray-a1": "1", "tray-b0": "2", "tray-b1": "2"}
+	for name, clique := range nodes {
+		e.cp.AddKwokNodeWith(t, &v1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Status: v1.NodeStatus{Capacity: v1.ResourceList{
+				v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi"), v1.ResourcePods: resource.MustParse("110"),
+			}},
+		})
+		e.startTesseraNode(name, "gb200-nvl72", gpu.WithFakeClique(clique))
+	}
+	for name, clique := range nodes {
+		want := gpu.FakeClusterUUID.String() + "." + clique
+		e.eventually(name+" labelled with its clique", 30*time.Second, func() (bool, string) {
+			n, err := e.client.CoreV1().Nodes().Get(e.ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			return n.Labels[draname.LabelClique] == want, fmt.Sprint(n.Labels)
+		})
+	}
+	if err := e.createTopology("nvl", draname.LabelClique, "kubernetes.io/hostname"); err != nil {
+		t.Fatal(err)
+	}
+	e.startScheduler(core.Config{})
+	// One GPU used on tray-a0: clique 1 has 7 free, clique 2 has 8.
+	e.createPod(podSpec{name: "filler", claim: &gpuClaim{}, nodeSelector: map[string]string{"kubernetes.io/hostname": "tray-a0"}})
+	e.waitBound("filler")
+	if err := e.createTopoGroup("nvl", "", 4, map[string]any{"name": "nvl", "required": draname.LabelClique}); err != nil {
+		t.Fatal(err)
+	}
+	gang := podNames("nvl", 4)
+	for _, n := range gang {
+		e.createPod(podSpec{name: n, group: "nvl", claim: &gpuClaim{count: 2}})
+	}
+	e.waitBound(gang...)
+	for _, n := range gang {
+		if node := e.pod(n).Spec.NodeName; !strings.HasPrefix(node, "tray-b") {
+			t.Errorf("%s on %s, outside clique 2 (the only one with 8 GPUs free)", n, node)
+		}
+	}
+}
