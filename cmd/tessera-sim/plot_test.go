@@ -2,10 +2,15 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/tessera-gpu/tessera/controller/scenario"
+	"github.com/tessera-gpu/tessera/internal/fairplot"
 )
 
 // TestPlotBurstyWeek: --plot draws the bursty week's two runs to the
@@ -58,5 +63,30 @@ func TestPlotErrors(t *testing.T) {
 		if rc := runScenarios(args, &stdout, &stderr); rc != 2 || !strings.Contains(stderr.String(), tc.want) {
 			t.Errorf("%v: exit %d, stderr %q, want 2 and %q", tc.args, rc, stderr.String(), tc.want)
 		}
+	}
+}
+
+// TestFairnessChartWindows: the samples in which a schedule window held
+// (scheduled) become shaded windows, from the first such sample to the
+// next one without; one still open at the end closes at the last sample.
+func TestFairnessChartWindows(t *testing.T) {
+	smp := func(h string, aSched, bSched bool) scenario.FairnessSample {
+		return scenario.FairnessSample{Hour: json.Number(h), Queues: map[string]scenario.FairnessSampleQueue{
+			"a": {GPUAllocated: "1", GPUFairShare: "1", GPUQuota: "2", Scheduled: aSched},
+			"b": {GPUAllocated: "0", GPUFairShare: "1", GPUQuota: "0", Scheduled: bSched},
+		}}
+	}
+	f := &scenario.FairnessReport{Queues: map[string]scenario.FairnessQueue{"a": {}, "b": {}},
+		Samples: []scenario.FairnessSample{smp("1", false, false), smp("2", true, false), smp("3", true, false), smp("4", false, true), smp("5", false, true)}}
+	c, err := fairnessChart(&scenario.Spec{Name: "w"}, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []fairplot.Window{{Queue: "a", From: 2, To: 4}, {Queue: "b", From: 4, To: 5}}
+	if !reflect.DeepEqual(c.Windows, want) {
+		t.Errorf("windows %v, want %v", c.Windows, want)
+	}
+	if c.Queues[0].Name != "a" || !reflect.DeepEqual(c.Queues[0].Quota, []float64{2, 2, 2, 2, 2}) {
+		t.Errorf("queue a: %+v", c.Queues[0])
 	}
 }
