@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -209,6 +210,7 @@ func FuzzQueueFromObject(f *testing.F) {
 		`{"apiVersion":"scheduling.tessera.dev/v1alpha1","kind":"Queue","metadata":{"name":"q"},"spec":{"resources":{"gpu":{"quota":"1e100"}}}}`,
 		`{"apiVersion":"scheduling.tessera.dev/v1alpha1","kind":"Queue","metadata":{"name":"q"},"spec":{"parent":"org","priority":120,"resources":{"gpu":{"quota":"2.5","limit":"-1","overQuotaWeight":3},"cpu":{"quota":"9223372036854776"},"memory":{"limit":"10E"}}}}`,
 		`{"apiVersion":"scheduling.tessera.dev/v1alpha1","kind":"Queue","metadata":{"name":"q"},"spec":{"resources":{"memory":{"quota":"-2","overQuotaWeight":-1}}}}`,
+		`{"apiVersion":"scheduling.tessera.dev/v1alpha1","kind":"Queue","metadata":{"name":"q"},"spec":{"reclaimMinRuntime":"30m","preemptionDelay":"5m","schedule":[{"days":["Mon-Fri"],"start":"09:00","end":"17:00","timeZone":"America/New_York","resources":{"gpu":{"quota":"4","limit":"2"}}},{"start":"22:00","end":"06:00","resources":{"cpu":{"quota":"1e100"}}}]}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -221,9 +223,9 @@ func FuzzQueueFromObject(f *testing.F) {
 		if err != nil {
 			return // listQueues leaves it out with the reason
 		}
-		got, err := queueFromObject(q)
+		got, err := queueFromObject(q, time.Date(2026, 3, 9, 14, 0, 0, 0, time.UTC))
 		if err != nil {
-			if !strings.HasPrefix(err.Error(), "queue "+q.Name+": spec.resources.") {
+			if !strings.HasPrefix(err.Error(), "queue "+q.Name+": spec.resources.") && !strings.HasPrefix(err.Error(), "queue "+q.Name+": spec.schedule[") {
 				t.Fatalf("error %q does not name the queue and the field", err)
 			}
 			return

@@ -105,6 +105,11 @@ func (b *snapshotBuild) readPod(pod *v1.Pod) {
 	}
 	if bound {
 		b.placeBound(&cp, pod, e, nodeName, adopted)
+		// The queue's minimum runtimes count from the pod's start; a
+		// bound pod the kubelet has not started has none (run 0).
+		if st := pod.Status.StartTime; st != nil {
+			cp.StartedAt = st.Time
+		}
 	}
 	jobName, job, reason := b.jobFor(pod, ours)
 	if reason != "" {

@@ -16,9 +16,12 @@ func (b *snapshotBuild) readQueues() {
 	for _, q := range queueObjs {
 		idx.queues[q.Name] = q
 		b.children[q.Spec.Parent]++
-		cq, err := queueFromObject(q)
+		cq, err := queueFromObject(q, b.now)
 		if err != nil && idx.badQueues[q.Name] == "" {
 			idx.badQueues[q.Name] = err.Error()
+		}
+		if n := nextWindowChange(q, b.now); !n.IsZero() && (idx.nextWindow.IsZero() || n.Before(idx.nextWindow)) {
+			idx.nextWindow = n
 		}
 		converted[q.Name] = cq
 	}

@@ -158,6 +158,9 @@ type Scheduler struct {
 
 	// synced is set once the informers' caches are filled (readiness).
 	synced atomic.Bool
+	// nextWindow is the next boundary of a Queue's schedule (Unix ns; 0:
+	// none), from the last cycle's snapshot.
+	nextWindow atomic.Int64
 	// own is what the last commit wrote; the next cycle waits for it.
 	own ownWrites
 }
@@ -472,10 +475,20 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		} else if err != nil {
 			klog.ErrorS(err, "Scheduling cycle failed")
 		}
+		// A quota window's boundary comes sooner than the next tick: run
+		// a cycle at it, so the queue switches then (DESIGN.md, "Quota
+		// schedules").
+		var window <-chan time.Time
+		if n := s.nextWindow.Load(); n != 0 {
+			if d := time.Until(time.Unix(0, n)); d < s.opts.Interval {
+				window = time.After(max(d, 0)) // sooner than the tick: gone with it
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
+		case <-window:
 		case <-s.kick:
 			// Let a burst of changes (a gang's pods, a deployment) land first.
 			select {
@@ -494,6 +507,10 @@ func (s *Scheduler) RunOnce(ctx context.Context) error {
 	snap, idx, err := s.buildSnapshot(start)
 	if err != nil {
 		return fmt.Errorf("building snapshot: %w", err)
+	}
+	s.nextWindow.Store(0)
+	if !idx.nextWindow.IsZero() {
+		s.nextWindow.Store(idx.nextWindow.UnixNano())
 	}
 	s.usage.begin(ctx, start, snap)
 	res, err := core.Schedule(snap, s.opts.Core)

@@ -19,6 +19,9 @@ import (
 // the core's names, so decisions can be committed.
 type cycleIndex struct {
 	pods map[string]*podRef // by core pod name (namespace/name)
+	// nextWindow is the next boundary of any Queue's schedule (zero:
+	// none): the scheduler runs a cycle then, whatever its interval.
+	nextWindow time.Time
 	// nodes by name, with their Tessera GPUs.
 	nodes map[string]*v1.Node
 	gpus  map[string]*nodeGPUs

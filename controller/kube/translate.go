@@ -7,10 +7,12 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	resourcehelper "k8s.io/component-helpers/resource"
@@ -20,6 +22,7 @@ import (
 	gpuconfig "github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
 	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/controller/quotaschedule"
 	"github.com/tessera-gpu/tessera/internal/draname"
 )
 
@@ -569,16 +572,92 @@ func nodeOther(n *v1.Node) map[string]int64 {
 // range checks: -1 (unlimited), or from 0 to core.MaxQueueAmount; the
 // error names the queue, the field and its value (the Queue's jobs wait
 // with it).
-func queueFromObject(q *schedv1.Queue) (core.Queue, error) {
+func queueFromObject(q *schedv1.Queue, now time.Time) (core.Queue, error) {
 	out := core.NewQueue(q.Name, q.Spec.Parent)
 	if q.Spec.Priority != nil {
 		out.Priority = *q.Spec.Priority
 	}
+	for _, p := range []struct {
+		d   *metav1.Duration
+		dst *time.Duration
+	}{{q.Spec.PreemptMinRuntime, &out.PreemptMinRuntime}, {q.Spec.ReclaimMinRuntime, &out.ReclaimMinRuntime}, {q.Spec.PreemptionDelay, &out.PreemptionDelay}} {
+		if p.d != nil {
+			*p.dst = max(p.d.Duration, 0)
+		}
+	}
+	if err := queueResources(q.Name, "spec.resources", &q.Spec.Resources, &out); err != nil {
+		return out, err
+	}
+	sched, err := queueSchedule(q)
+	if err != nil {
+		return out, err
+	}
+	// The windows are all checked above, whichever holds now: a bad one
+	// fails the queue every cycle, not only while it holds.
+	if i := sched.Active(now); i >= 0 {
+		if err := queueResources(q.Name, fmt.Sprintf("spec.schedule[%d].resources", i), windowResources(&q.Spec.Schedule[i].Resources), &out); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// queueSchedule reads a Queue's windows (controller/quotaschedule) and
+// checks each window's resources over the queue's own.
+func queueSchedule(q *schedv1.Queue) (quotaschedule.Schedule, error) {
+	var sched quotaschedule.Schedule
+	for i := range q.Spec.Schedule {
+		w := &q.Spec.Schedule[i]
+		pw, err := quotaschedule.Parse(quotaschedule.Spec{Days: w.Days, Start: w.Start, End: w.End, TimeZone: w.TimeZone})
+		if err != nil {
+			return nil, fmt.Errorf("queue %s: spec.schedule[%d]: %w", q.Name, i, err)
+		}
+		probe := core.NewQueue(q.Name, q.Spec.Parent)
+		if err := queueResources(q.Name, "spec.resources", &q.Spec.Resources, &probe); err != nil {
+			return nil, err
+		}
+		if err := queueResources(q.Name, fmt.Sprintf("spec.schedule[%d].resources", i), windowResources(&w.Resources), &probe); err != nil {
+			return nil, err
+		}
+		for r, qr := range probe.Resources {
+			if qr.Limit != core.Unlimited && (qr.Quota == core.Unlimited || qr.Quota > qr.Limit) {
+				return nil, fmt.Errorf("queue %s: spec.schedule[%d]: %s quota is above its limit while the window holds", q.Name, i, core.Resource(r))
+			}
+		}
+		sched = append(sched, pw)
+	}
+	return sched, nil
+}
+
+// windowResources reads a window's overrides as the queue's own fields.
+func windowResources(w *schedv1.WindowResources) *schedv1.QueueResources {
+	conv := func(q *schedv1.WindowQuota) *schedv1.ResourceQuota {
+		if q == nil {
+			return nil
+		}
+		return &schedv1.ResourceQuota{Quota: q.Quota, Limit: q.Limit, OverQuotaWeight: q.OverQuotaWeight}
+	}
+	return &schedv1.QueueResources{GPU: conv(w.GPU), CPU: conv(w.CPU), Memory: conv(w.Memory)}
+}
+
+// nextWindowChange is the next instant after now at which a Queue's
+// schedule may change its settings; zero for none (or an unreadable one).
+func nextWindowChange(q *schedv1.Queue, now time.Time) time.Time {
+	sched, err := queueSchedule(q)
+	if err != nil {
+		return time.Time{}
+	}
+	return sched.Next(now)
+}
+
+// queueResources sets out's quota, limit and weight from what rs sets (at
+// field, for errors), leaving the rest as it is.
+func queueResources(name, field string, rs *schedv1.QueueResources, out *core.Queue) error {
 	for _, f := range []struct {
 		r  core.Resource
 		rq *schedv1.ResourceQuota
 		u  unit
-	}{{core.ResGPU, q.Spec.Resources.GPU, unitMilli}, {core.ResCPU, q.Spec.Resources.CPU, unitMilli}, {core.ResMemory, q.Spec.Resources.Memory, unitBytes}} {
+	}{{core.ResGPU, rs.GPU, unitMilli}, {core.ResCPU, rs.CPU, unitMilli}, {core.ResMemory, rs.Memory, unitBytes}} {
 		if f.rq == nil {
 			continue
 		}
@@ -593,18 +672,18 @@ func queueFromObject(q *schedv1.Queue) (core.Queue, error) {
 			}
 			n, err := queueAmount(*v.q, f.u)
 			if err != nil {
-				return out, fmt.Errorf("queue %s: spec.resources.%s.%s %s: %w", q.Name, f.r, v.name, v.q.String(), err)
+				return fmt.Errorf("queue %s: %s.%s.%s %s: %w", name, field, f.r, v.name, v.q.String(), err)
 			}
 			*v.dst = n
 		}
 		if w := f.rq.OverQuotaWeight; w != nil {
 			if *w < 0 {
-				return out, fmt.Errorf("queue %s: spec.resources.%s.overQuotaWeight %d: is negative", q.Name, f.r, *w)
+				return fmt.Errorf("queue %s: %s.%s.overQuotaWeight %d: is negative", name, field, f.r, *w)
 			}
 			dst.OverQuotaWeight = int64(*w)
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // queueAmount reads a quota or limit: -1 is unlimited; any other negative

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -234,13 +235,54 @@ func TestQueueFromObject(t *testing.T) {
 			Memory: &schedv1.ResourceQuota{Quota: ptr.To(resource.MustParse("1Gi"))},
 		},
 	}}
-	got, err := queueFromObject(q)
+	got, err := queueFromObject(q, time.Time{})
 	require.NoError(t, err)
 	assert.Equal(t, "org", got.Parent)
 	assert.Equal(t, int32(120), got.Priority)
 	assert.Equal(t, core.QueueResource{Quota: 2500, Limit: core.Unlimited, OverQuotaWeight: 3}, got.Resources[core.ResGPU])
 	assert.Equal(t, int64(1<<30), got.Resources[core.ResMemory].Quota)
 	assert.Equal(t, core.Unlimited, got.Resources[core.ResCPU].Quota, "cpu quota defaults to unlimited")
+}
+
+// TestQueueSchedule: a Queue's windows give the settings in effect at the
+// cycle's time (New York business hours across the spring-forward weekend),
+// its time protections reach the core (unset: inherited), and a window that
+// breaks the queue's rules fails the queue whether it holds or not.
+func TestQueueSchedule(t *testing.T) {
+	q := &schedv1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "team"}, Spec: schedv1.QueueSpec{
+		Resources:         schedv1.QueueResources{GPU: &schedv1.ResourceQuota{Quota: ptr.To(resource.MustParse("1")), Limit: ptr.To(resource.MustParse("8"))}},
+		ReclaimMinRuntime: &metav1.Duration{Duration: 30 * time.Minute},
+		Schedule: []schedv1.QueueWindow{{Days: []string{"Mon-Fri"}, Start: "09:00", End: "17:00", TimeZone: "America/New_York",
+			Resources: schedv1.WindowResources{GPU: &schedv1.WindowQuota{Quota: ptr.To(resource.MustParse("4"))}}}},
+	}}
+	for _, c := range []struct {
+		at    string
+		quota int64
+		next  string
+	}{
+		{"2026-03-06T16:59:00-05:00", 4000, "2026-03-06T17:00:00-05:00"},
+		{"2026-03-06T17:00:00-05:00", 1000, "2026-03-09T09:00:00-04:00"},
+		{"2026-03-09T08:59:59-04:00", 1000, "2026-03-09T09:00:00-04:00"},
+		{"2026-03-09T09:00:00-04:00", 4000, "2026-03-09T17:00:00-04:00"},
+	} {
+		at, _ := time.Parse(time.RFC3339, c.at)
+		got, err := queueFromObject(q, at)
+		require.NoError(t, err)
+		assert.Equal(t, core.QueueResource{Quota: c.quota, Limit: 8000, OverQuotaWeight: 1}, got.Resources[core.ResGPU], "at %s", c.at)
+		assert.Equal(t, 30*time.Minute, got.ReclaimMinRuntime)
+		assert.Equal(t, core.InheritDuration, got.PreemptMinRuntime)
+		assert.Equal(t, core.InheritDuration, got.PreemptionDelay)
+		next, _ := time.Parse(time.RFC3339, c.next)
+		assert.True(t, nextWindowChange(q, at).Equal(next), "next change after %s: %s, want %s", c.at, nextWindowChange(q, at), c.next)
+	}
+	bad := q.DeepCopy()
+	bad.Spec.Schedule[0].Resources.GPU.Quota = ptr.To(resource.MustParse("9"))
+	_, err := queueFromObject(bad, time.Date(2026, 3, 8, 0, 0, 0, 0, time.UTC)) // a Sunday: the window does not hold
+	require.ErrorContains(t, err, "queue team: spec.schedule[0]: gpu quota is above its limit while the window holds")
+	bad = q.DeepCopy()
+	bad.Spec.Schedule[0].TimeZone = "Mars/Olympus"
+	_, err = queueFromObject(bad, time.Time{})
+	require.ErrorContains(t, err, `queue team: spec.schedule[0]: timeZone: "Mars/Olympus" is not an IANA time zone name`)
 }
 
 // A quota or limit that would wrap, or a weight below 0, is an error naming
@@ -269,7 +311,7 @@ func TestQueueFromObjectInvalid(t *testing.T) {
 			default:
 				q.Spec.Resources.Memory = &c.rq
 			}
-			_, err := queueFromObject(q)
+			_, err := queueFromObject(q, time.Time{})
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), c.want)
 		})
@@ -277,7 +319,7 @@ func TestQueueFromObjectInvalid(t *testing.T) {
 	// Large but in range: read exactly.
 	q := &schedv1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "big"}, Spec: schedv1.QueueSpec{Resources: schedv1.QueueResources{
 		Memory: &schedv1.ResourceQuota{Limit: ptr.To(resource.MustParse("1Ei"))}}}}
-	got, err := queueFromObject(q)
+	got, err := queueFromObject(q, time.Time{})
 	require.NoError(t, err)
 	assert.Equal(t, int64(1)<<60, got.Resources[core.ResMemory].Limit)
 }

@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	// The zone database is embedded so a machine without one (a distroless
@@ -139,12 +140,21 @@ func loadZone(name string) (*time.Location, error) {
 	if name == "Local" || strings.HasPrefix(name, "/") || strings.Contains(name, "..") || strings.ContainsAny(name, "\\\x00") {
 		return nil, fmt.Errorf("%q is not an IANA time zone name (like Europe/Berlin)", name)
 	}
+	if loc, ok := zones.Load(name); ok {
+		return loc.(*time.Location), nil
+	}
 	loc, err := time.LoadLocation(name)
 	if err != nil {
 		return nil, fmt.Errorf("%q is not an IANA time zone name (like Europe/Berlin)", name)
 	}
+	zones.Store(name, loc)
 	return loc, nil
 }
+
+// zones caches the zones read: the controller parses each Queue's windows
+// every cycle, and LoadLocation reads the zone database each time. Only
+// names that loaded are kept, so its size is bounded by the database.
+var zones sync.Map
 
 // crosses says whether the window runs past midnight into the next day.
 func (w Window) crosses() bool { return w.end <= w.start }

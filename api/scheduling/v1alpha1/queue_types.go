@@ -54,6 +54,88 @@ type QueueSpec struct {
 	// Resources bounds gpu, cpu and memory.
 	// +optional
 	Resources QueueResources `json:"resources,omitempty"`
+	// Schedule lists time windows that override resources while they
+	// hold: the first window that holds wins, and what it leaves out is
+	// the queue's own (DESIGN.md, "Quota schedules").
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=atomic
+	// +optional
+	Schedule []QueueWindow `json:"schedule,omitempty"`
+	// PreemptMinRuntime: a pod of this queue is not preempted before it
+	// has run this long. Unset: the parent queue's (none at the top).
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +optional
+	PreemptMinRuntime *metav1.Duration `json:"preemptMinRuntime,omitempty"`
+	// ReclaimMinRuntime: a pod of this queue is not reclaimed by another
+	// queue before it has run this long. Unset: the parent queue's.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +optional
+	ReclaimMinRuntime *metav1.Duration `json:"reclaimMinRuntime,omitempty"`
+	// PreemptionDelay: a job of this queue may not evict anyone before it
+	// is this old (from its creation). Unset: the parent queue's.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +optional
+	PreemptionDelay *metav1.Duration `json:"preemptionDelay,omitempty"`
+}
+
+// QueueWindow is one window of a queue's schedule: read on the wall clock
+// of its time zone, from start to end on each of its days (an end at or
+// before the start crosses midnight).
+//
+// +kubebuilder:validation:XValidation:rule="self.start != self.end",message="end must differ from start (00:00 to 24:00 is a whole day)"
+type QueueWindow struct {
+	// Days of the week: Mon, Tue, … (three letters at least of the English
+	// name, any case) or ranges like Mon-Fri; none means every day.
+	// +kubebuilder:validation:MaxItems=7
+	// +kubebuilder:validation:items:Pattern=`^[A-Za-z]{3,9}(-[A-Za-z]{3,9})?$`
+	// +listType=atomic
+	// +optional
+	Days []string `json:"days,omitempty"`
+	// Start is a wall-clock time HH:MM.
+	// +kubebuilder:validation:Pattern=`^([01][0-9]|2[0-3]):[0-5][0-9]$`
+	// +kubebuilder:validation:MaxLength=5
+	Start string `json:"start"`
+	// End is a wall-clock time HH:MM, or 24:00.
+	// +kubebuilder:validation:Pattern=`^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$`
+	// +kubebuilder:validation:MaxLength=5
+	End string `json:"end"`
+	// TimeZone is an IANA zone name (Europe/Berlin); default UTC.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	TimeZone string `json:"timeZone,omitempty"`
+	// Resources override the queue's while the window holds. The same
+	// fields as spec.resources; checked by the controller, not by CEL
+	// rules (a list of windows each with their quantity rules is past the
+	// API server's CEL cost budget): a window that breaks them makes the
+	// queue unusable, with the reason, as any unreadable Queue.
+	// +optional
+	Resources WindowResources `json:"resources,omitempty"`
+}
+
+// WindowResources are a window's overrides: QueueResources without their
+// CEL rules.
+type WindowResources struct {
+	// +optional
+	GPU *WindowQuota `json:"gpu,omitempty"`
+	// +optional
+	CPU *WindowQuota `json:"cpu,omitempty"`
+	// +optional
+	Memory *WindowQuota `json:"memory,omitempty"`
+}
+
+// WindowQuota is ResourceQuota's fields for a window; what it leaves out is
+// the queue's own.
+type WindowQuota struct {
+	// +optional
+	Quota *resource.Quantity `json:"quota,omitempty"`
+	// +optional
+	Limit *resource.Quantity `json:"limit,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	OverQuotaWeight *int32 `json:"overQuotaWeight,omitempty"`
 }
 
 // QueueResourceStatus is one resource's figures for a queue.

@@ -25,6 +25,14 @@ func TestQueueValidation(t *testing.T) {
 		{"limit below quota", map[string]any{"resources": map[string]any{"gpu": map[string]any{"quota": "4", "limit": "2"}}}, "limit must be >= quota"},
 		{"negative weight", map[string]any{"resources": map[string]any{"gpu": map[string]any{"overQuotaWeight": int64(-1)}}}, "should be greater than or equal to 0"},
 		{"own parent", map[string]any{"parent": "own-parent"}, "a queue cannot be its own parent"},
+		{"schedule", map[string]any{"preemptMinRuntime": "10m", "reclaimMinRuntime": "1h30m", "preemptionDelay": "5m", "schedule": []any{
+			map[string]any{"days": []any{"Mon-Fri"}, "start": "09:00", "end": "17:00", "timeZone": "America/New_York", "resources": map[string]any{"gpu": map[string]any{"quota": "4"}}},
+			map[string]any{"start": "22:00", "end": "24:00"}}}, ""},
+		{"window end is start", map[string]any{"schedule": []any{map[string]any{"start": "09:00", "end": "09:00"}}}, "end must differ from start"},
+		{"window hour 25", map[string]any{"schedule": []any{map[string]any{"start": "09:00", "end": "25:00"}}}, "spec.schedule[0].end"},
+		{"window day", map[string]any{"schedule": []any{map[string]any{"days": []any{"Mon Fri"}, "start": "09:00", "end": "17:00"}}}, "spec.schedule[0].days[0]"},
+		{"negative min runtime", map[string]any{"reclaimMinRuntime": "-5m"}, "spec.reclaimMinRuntime"},
+		{"min runtime not a duration", map[string]any{"preemptionDelay": "soon"}, "spec.preemptionDelay"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
