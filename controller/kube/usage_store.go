@@ -278,6 +278,11 @@ func (u *usageKeeper) save(ctx context.Context, now time.Time) {
 		log.Error(err, "Usage history saved by someone else; reading it again")
 		u.loaded = false
 		return
+	case apierrors.IsNotFound(err):
+		// Deleted under us: create it again at the next save.
+		log.Info("Usage history ConfigMap was deleted; creating it again")
+		u.rv = ""
+		return
 	case err != nil:
 		log.Error(err, "Saving the usage history; trying again next cycle")
 		return
