@@ -203,10 +203,12 @@ func (c *Chart) overview(ymax float64) (*plot.Plot, error) {
 // quota as lines.
 func (c *Chart) panel(i int, q Queue, ymax float64) (*plot.Plot, error) {
 	p := c.newPlot(q.Name, ymax)
+	shaded := false
 	for _, w := range c.Windows {
 		if w.Queue != q.Name {
 			continue
 		}
+		shaded = true
 		poly, err := plotter.NewPolygon(plotter.XYs{{X: w.From, Y: 0}, {X: w.To, Y: 0}, {X: w.To, Y: ymax}, {X: w.From, Y: ymax}})
 		if err != nil {
 			return nil, err
@@ -240,7 +242,7 @@ func (c *Chart) panel(i int, q Queue, ymax float64) (*plot.Plot, error) {
 		p.Add(l)
 		p.Legend.Add("quota", l)
 	}
-	if len(c.Windows) > 0 {
+	if shaded {
 		p.Legend.Add("schedule window", legendBox{windowColor})
 	}
 	return p, nil

@@ -73,9 +73,12 @@ func TestSVG(t *testing.T) {
 	if count["path"] < 10 {
 		t.Errorf("%d paths, want the areas and lines of 3 panels", count["path"])
 	}
-	// team-b has no quota: "quota" appears once (team-a's legend).
-	if n := strings.Count(text, "quota"); n != 1 {
-		t.Errorf("quota in %d legends, want 1 (team-a only)", n)
+	// team-b has no quota and no window: "quota" and "schedule window"
+	// appear once each (team-a's legend).
+	for _, w := range []string{"quota", "schedule window"} {
+		if n := strings.Count(text, w); n != 1 {
+			t.Errorf("%q in %d legends, want 1 (team-a only)", w, n)
+		}
 	}
 	// windowColor, as vgsvg writes fills.
 	const shade = "fill:#E1E1E1"
