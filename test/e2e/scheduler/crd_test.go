@@ -1,7 +1,9 @@
 package scheduler_test
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -66,4 +68,56 @@ func sanitize(s string) string {
 		out = append(out, r)
 	}
 	return string(out)
+}
+
+// TestQuotaWindowSwitches: a Queue's schedule window switches its quota at
+// the boundary without a restart, and reclaim follows within a few cycles.
+// team-b's own GPU quota is 0 (fair share 2 of 8 beside team-a's quota 4);
+// from the next whole minute a window gives it 4, so it reclaims 2 more.
+func TestQuotaWindowSwitches(t *testing.T) {
+	e := newEnv(t)
+	e.twoTeamsOnOneNode()
+	now := time.Now().UTC()
+	start := now.Truncate(time.Minute).Add(time.Minute)
+	if start.Sub(now) < 25*time.Second {
+		start = start.Add(time.Minute) // room to see the state before it
+	}
+	u, err := e.dyn.Resource(kube.QueueGVR).Get(e.ctx, "team-b", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := map[string]any{"priority": int64(100), "resources": map[string]any{"gpu": map[string]any{"quota": "0"}},
+		"schedule": []any{map[string]any{"start": start.Format("15:04"), "end": start.Add(10 * time.Minute).Format("15:04"), "timeZone": "UTC",
+			"resources": map[string]any{"gpu": map[string]any{"quota": "4"}}}}}
+	if err := unstructured.SetNestedField(u.Object, spec, "spec"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.dyn.Resource(kube.QueueGVR).Update(e.ctx, u, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var b []string
+	for i := 0; i < 4; i++ {
+		b = append(b, fmt.Sprintf("b-%d", i))
+		e.createPod(podSpec{name: b[i], queue: "team-b", priority: "tessera-train", claim: &gpuClaim{}})
+	}
+	bound := func() int {
+		n := 0
+		for _, name := range b {
+			if p := e.pod(name); p != nil && p.Spec.NodeName != "" {
+				n++
+			}
+		}
+		return n
+	}
+	e.eventually("team-b's 2 before the window", 20*time.Second, func() (bool, string) {
+		return bound() == 2, fmt.Sprintf("%d bound", bound())
+	})
+	time.Sleep(time.Until(start) - 2*time.Second)
+	if n := bound(); n != 2 {
+		t.Fatalf("before the window at %s: team-b has %d pods bound, want 2", start.Format("15:04"), n)
+	}
+	e.eventually("team-b's 4 once the window holds", time.Until(start)+20*time.Second, func() (bool, string) {
+		return bound() == 4, fmt.Sprintf("%d bound", bound())
+	})
+	e.checkNoDoubleAllocation()
 }
