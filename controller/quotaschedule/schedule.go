@@ -16,17 +16,27 @@
 package quotaschedule
 
 import (
+	"archive/zip"
+	"bytes"
+	_ "embed"
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	// The zone database is embedded so a machine without one (a distroless
-	// image) reads zones as any other; where the system has one, Go uses it.
-	_ "time/tzdata"
 )
+
+// TZRelease is the IANA Time Zone Database release in tzdb/zoneinfo.zip.
+const TZRelease = "2025c"
+
+// tzZip is the pinned zone database (tzdb/README.md). Zones come from it
+// alone, never from the machine's files or ZONEINFO, so a window switches at
+// the same instant on every machine, whatever its tzdata release.
+//
+//go:embed tzdb/zoneinfo.zip
+var tzZip []byte
 
 // Spec is a window as written: in a scenario file or a Queue's spec.
 type Spec struct {
@@ -143,16 +153,44 @@ func loadZone(name string) (*time.Location, error) {
 	if loc, ok := zones.Load(name); ok {
 		return loc.(*time.Location), nil
 	}
-	loc, err := time.LoadLocation(name)
+	loc, err := zoneFromDB(name)
 	if err != nil {
-		return nil, fmt.Errorf("%q is not an IANA time zone name (like Europe/Berlin)", name)
+		return nil, err
 	}
 	zones.Store(name, loc)
 	return loc, nil
 }
 
+// zoneFromDB reads a zone from the pinned database (tzZip).
+func zoneFromDB(name string) (*time.Location, error) {
+	zr, err := zip.NewReader(bytes.NewReader(tzZip), int64(len(tzZip)))
+	if err != nil {
+		return nil, fmt.Errorf("reading the embedded zone database: %w", err)
+	}
+	for _, f := range zr.File {
+		if f.Name != name {
+			continue
+		}
+		rc, err := f.Open()
+		if err != nil {
+			return nil, fmt.Errorf("zone %q in the embedded database: %w", name, err)
+		}
+		data, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			return nil, fmt.Errorf("zone %q in the embedded database: %w", name, err)
+		}
+		loc, err := time.LoadLocationFromTZData(name, data)
+		if err != nil {
+			return nil, fmt.Errorf("zone %q in the embedded database: %w", name, err)
+		}
+		return loc, nil
+	}
+	return nil, fmt.Errorf("%q is not an IANA time zone name (like Europe/Berlin) in tz release %s", name, TZRelease)
+}
+
 // zones caches the zones read: the controller parses each Queue's windows
-// every cycle, and LoadLocation reads the zone database each time. Only
+// every cycle, and reading a zone scans the database each time. Only
 // names that loaded are kept, so its size is bounded by the database.
 var zones sync.Map
 
