@@ -1,7 +1,6 @@
 package core
 
 import (
-	"maps"
 	"slices"
 )
 
@@ -60,9 +59,12 @@ func (s *session) searchJob(j *jobState, cands []*podState, n int, a Action) boo
 	budget := min(searchBudget, s.searchLeft)
 	// Nodes that look alike to every pod are one branch: a pod's hooks
 	// that tell nodes apart by name rule that out.
-	alike := !slices.ContainsFunc(pods, func(p *podState) bool {
+	var alike *alikeKeys
+	if !slices.ContainsFunc(pods, func(p *podState) bool {
 		return p.feasible != nil || p.nodeScore != nil || p.matches != nil || p.avoids != nil || p.needs != nil || p.spread != nil
-	})
+	}) {
+		alike = visibleLabels(j, pods)
+	}
 	// Pods of one shape (and subgroup) are interchangeable: once one is
 	// left out, so are the later ones (the pods taken of a shape are its
 	// first ones).
@@ -134,7 +136,7 @@ func (s *session) searchJob(j *jobState, cands []*podState, n int, a Action) boo
 // tryNodes places p on each node it fits in turn, best first, at most
 // searchBranch distinct ones, until rest succeeds; it undoes each failed
 // placement and returns false when none succeeds.
-func (s *session) tryNodes(p *podState, a Action, alike bool, budget *int, rest func() bool) bool {
+func (s *session) tryNodes(p *podState, a Action, alike *alikeKeys, budget *int, rest func() bool) bool {
 	var plans []*plan
 	var keys []int64
 	for _, n := range s.nodes {
@@ -166,8 +168,8 @@ func (s *session) tryNodes(p *podState, a Action, alike bool, budget *int, rest 
 	var tried []*nodeState
 	for _, k := range idx {
 		n := plans[k].node
-		if alike && slices.ContainsFunc(tried, func(o *nodeState) bool {
-			return sameState(o, n) && maps.Equal(o.labels, n.labels)
+		if alike != nil && slices.ContainsFunc(tried, func(o *nodeState) bool {
+			return sameState(o, n) && alike.same(o, n)
 		}) {
 			continue
 		}
@@ -215,6 +217,53 @@ func (s *session) mayHold(pods []*podState, n int) bool {
 			sum += v
 		}
 		if sum > free[r] {
+			return false
+		}
+	}
+	return true
+}
+
+// alikeKeys are the node label keys a gang's pods can tell nodes apart by
+// when they have no per-node hooks: their node selectors' keys and the
+// levels of the job's and its subgroups' topologies. Every other label
+// (kubernetes.io/hostname above all, which every node has and no two share)
+// would make no two nodes alike and the search lose its symmetry.
+type alikeKeys struct{ keys []string }
+
+func visibleLabels(j *jobState, pods []*podState) *alikeKeys {
+	k := &alikeKeys{}
+	add := func(key string) {
+		if !slices.Contains(k.keys, key) {
+			k.keys = append(k.keys, key)
+		}
+	}
+	for _, p := range pods {
+		for key := range p.selector {
+			add(key)
+		}
+	}
+	if j.topo != nil {
+		for _, l := range j.topo.topo.levels {
+			add(l)
+		}
+	}
+	for _, sub := range j.subs {
+		if sub.topo != nil {
+			for _, l := range sub.topo.topo.levels {
+				add(l)
+			}
+		}
+	}
+	return k
+}
+
+// same reports whether o and n agree on every key (absent on both counts as
+// agreeing).
+func (k *alikeKeys) same(o, n *nodeState) bool {
+	for _, key := range k.keys {
+		x, okx := o.labels[key]
+		y, oky := n.labels[key]
+		if okx != oky || x != y {
 			return false
 		}
 	}
