@@ -10,7 +10,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -28,7 +27,6 @@ import (
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
-	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/klog/v2"
 
@@ -163,6 +161,8 @@ type Scheduler struct {
 	nextWindow atomic.Int64
 	// own is what the last commit wrote; the next cycle waits for it.
 	own ownWrites
+	// dumps are the snapshot requests for the next cycle (replay.go).
+	dumps dumpRequests
 }
 
 // New builds a Scheduler; Run starts it.
@@ -232,26 +232,14 @@ func (s *Scheduler) indexInformers() error {
 	s.namespaceLister = s.factory.Core().V1().Namespaces().Lister()
 	sliceInformer := s.factory.Resource().V1().ResourceSlices().Informer()
 	// Slices by node, so a commit reads one node's slices, not the cluster's.
-	if err := sliceInformer.AddIndexers(cache.Indexers{sliceNodeIndex: func(obj any) ([]string, error) {
-		sl, ok := obj.(*resourceapi.ResourceSlice)
-		if !ok || sl.Spec.NodeName == nil {
-			return []string{""}, nil
-		}
-		return []string{*sl.Spec.NodeName}, nil
-	}}); err != nil {
+	if err := sliceInformer.AddIndexers(cache.Indexers{sliceNodeIndex: sliceByNode}); err != nil {
 		return err
 	}
 	s.sliceIndexer = sliceInformer.GetIndexer()
 	// Volumes by storage class, so a pod waiting for a pre-created volume
 	// reads its class's volumes, not the cluster's (per pod, per cycle).
 	pvInformer := s.factory.Core().V1().PersistentVolumes().Informer()
-	if err := pvInformer.AddIndexers(cache.Indexers{pvClassIndex: func(obj any) ([]string, error) {
-		pv, ok := obj.(*v1.PersistentVolume)
-		if !ok {
-			return nil, nil
-		}
-		return []string{volumehelpers.GetPersistentVolumeClass(pv)}, nil
-	}}); err != nil {
+	if err := pvInformer.AddIndexers(cache.Indexers{pvClassIndex: pvByClass}); err != nil {
 		return err
 	}
 	s.pvIndexer = pvInformer.GetIndexer()
@@ -259,13 +247,7 @@ func (s *Scheduler) indexInformers() error {
 	// Storage capacity by class, so a pod's claim reads its class's
 	// capacities, not the cluster's (one object per class and topology).
 	capacityInformer := s.factory.Storage().V1().CSIStorageCapacities().Informer()
-	if err := capacityInformer.AddIndexers(cache.Indexers{capacityClassIndex: func(obj any) ([]string, error) {
-		c, ok := obj.(*storagev1.CSIStorageCapacity)
-		if !ok {
-			return nil, nil
-		}
-		return []string{c.StorageClassName}, nil
-	}}); err != nil {
+	if err := capacityInformer.AddIndexers(cache.Indexers{capacityClassIndex: capacityByClass}); err != nil {
 		return err
 	}
 	s.capacityIndexer = capacityInformer.GetIndexer()
@@ -504,6 +486,11 @@ func (s *Scheduler) Run(ctx context.Context) error {
 func (s *Scheduler) RunOnce(ctx context.Context) error {
 	s.awaitOwnWrites(ctx)
 	start := time.Now()
+	// A snapshot asked for: this cycle reads it (replay.go); nil otherwise.
+	frozen := s.freeze(start)
+	if frozen != nil {
+		defer s.thaw(frozen)
+	}
 	snap, idx, err := s.buildSnapshot(start)
 	if err != nil {
 		return fmt.Errorf("building snapshot: %w", err)
@@ -530,6 +517,7 @@ func (s *Scheduler) RunOnce(ctx context.Context) error {
 		return err // a fenced replica writes nothing more, statuses neither
 	}
 	gangWords(snap, idx, res)
+	frozen.record(snap, res, idx)
 	s.report(ctx, res, idx, stats, usage)
 	if err := s.fence(ctx, stats, "saving the usage history"); err != nil {
 		return err
