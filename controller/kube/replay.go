@@ -13,6 +13,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/cel"
 
 	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/internal/assignment"
 )
 
 // Decisions are what one cycle decided, in a form two runs can be compared
@@ -104,25 +105,46 @@ func decisionsOf(res *core.Result, idx *cycleIndex) *Decisions {
 // static listers over d's objects, with d's carried state and clock, and the
 // same core; nothing is written anywhere.
 func Replay(ctx context.Context, d *Dump) (*Decisions, error) {
+	snap, idx, cfg, err := offlineSnapshot(d)
+	if err != nil {
+		return nil, err
+	}
+	res, err := core.Schedule(snap, cfg)
+	if err != nil {
+		return nil, err
+	}
+	gangWords(snap, idx, res)
+	return decisionsOf(res, idx), nil
+}
+
+// SnapshotOf is the core's snapshot of a dump, as Replay builds it.
+func SnapshotOf(d *Dump) (*core.Snapshot, error) {
+	snap, _, _, err := offlineSnapshot(d)
+	return snap, err
+}
+
+// offlineSnapshot builds a dump's snapshot with a scheduler that has no
+// client: static listers, the dump's carried state and clock.
+func offlineSnapshot(d *Dump) (*core.Snapshot, *cycleIndex, core.Config, error) {
 	for i := range d.Objects.Pods {
 		// Translations are cached by UID: a hand-written pod needs one.
 		if p := &d.Objects.Pods[i]; p.UID == "" {
 			p.UID = types.UID("replay:" + p.Namespace + "/" + p.Name)
 		}
 	}
-	v, err := viewOf(&d.Objects)
-	if err != nil {
-		return nil, err
-	}
 	cfg := core.Config{Placement: d.Config.Placement, DisableConsolidation: d.Config.DisableConsolidation,
 		StaleGangTimeout: d.Config.StaleGangTimeout, UsageCoefficient: d.Config.UsageCoefficient}
+	v, err := viewOf(&d.Objects)
+	if err != nil {
+		return nil, nil, cfg, err
+	}
 	gpuResource := d.Config.GPUResource
 	if gpuResource == "" {
-		gpuResource = "nvidia.com/gpu"
+		gpuResource = assignment.DefaultResourceGPU
 	}
 	s := &Scheduler{
 		opts:      Options{Core: cfg, GPUResource: gpuResource, AwaitGrouper: groupAnswers(d)},
-		recorder:  record.NewFakeRecorder(1000),
+		recorder:  &record.FakeRecorder{}, // nil channel: events dropped,
 		podCache:  map[types.UID]*podEntry{},
 		gpuCache:  map[string]*nodeGPUs{},
 		malformed: map[types.UID]string{},
@@ -133,14 +155,9 @@ func Replay(ctx context.Context, d *Dump) (*Decisions, error) {
 	s.setView(v)
 	snap, idx, err := s.buildSnapshot(d.Now)
 	if err != nil {
-		return nil, fmt.Errorf("building snapshot: %w", err)
+		return nil, nil, cfg, fmt.Errorf("building snapshot: %w", err)
 	}
-	res, err := core.Schedule(snap, cfg)
-	if err != nil {
-		return nil, err
-	}
-	gangWords(snap, idx, res)
-	return decisionsOf(res, idx), nil
+	return snap, idx, cfg, nil
 }
 
 // DumpRequest asks the next cycle for its input; Wait returns it.
