@@ -176,12 +176,23 @@ type dumpRequests struct {
 // Snapshot asks the next cycle to record its exact input and decisions
 // (docs/DESIGN.md, "Cycle snapshots and replay") and returns them as YAML.
 func (s *Scheduler) Snapshot(ctx context.Context) ([]byte, error) {
+	return s.RequestSnapshot().Wait(ctx)
+}
+
+// RequestSnapshot asks the next cycle for its input and decisions; the
+// request is in place when it returns (a test asks before Run for the
+// first cycle's).
+func (s *Scheduler) RequestSnapshot() *DumpRequest {
 	r := &DumpRequest{done: make(chan struct{})}
-	q := &s.dumps
-	q.mu.Lock()
-	q.reqs = append(q.reqs, r)
-	q.mu.Unlock()
+	s.dumps.mu.Lock()
+	s.dumps.reqs = append(s.dumps.reqs, r)
+	s.dumps.mu.Unlock()
 	s.Kick()
+	return r
+}
+
+// Wait returns the snapshot as YAML once a cycle has taken it.
+func (r *DumpRequest) Wait(ctx context.Context) ([]byte, error) {
 	select {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("waiting for a scheduling cycle: %w", ctx.Err())
@@ -192,11 +203,10 @@ func (s *Scheduler) Snapshot(ctx context.Context) ([]byte, error) {
 
 // takeDumpRequests returns the requests for this cycle, nil for none.
 func (s *Scheduler) takeDumpRequests() []*DumpRequest {
-	q := &s.dumps
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	r := q.reqs
-	q.reqs = nil
+	s.dumps.mu.Lock()
+	defer s.dumps.mu.Unlock()
+	r := s.dumps.reqs
+	s.dumps.reqs = nil
 	return r
 }
 
