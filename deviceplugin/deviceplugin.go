@@ -49,6 +49,10 @@ type Ledger interface {
 	ReleasePod(ctx context.Context, uid string) (bool, error)
 	PodAllocations() []driver.PodCheckpoint
 	RecordRefusal(resource, reason string)
+	// UnprepareGoneClaims unprepares the claims holding any of these GPUs
+	// that the API server no longer has for this node (the driver's claim
+	// check, now), returning how many.
+	UnprepareGoneClaims(ctx context.Context, gpus []string) (int, error)
 	// DeviceState gives the unhealthy GPUs and those claims and shares hold,
 	// with a channel closed at the next change of either: the node's one
 	// view of health (one NVML subscription, the driver's).

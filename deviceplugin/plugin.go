@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
@@ -243,7 +244,7 @@ func (p *plugin) allocate(ctx context.Context, deviceIDs []string) (*pluginapi.C
 		req.MemoryBytes = uint64(a.MemoryBytes)
 		req.Config = shareConfig(a)
 	}
-	entry, err := p.m.opts.Ledger.AllocatePod(ctx, req)
+	entry, err := p.allocateOrFreeGone(ctx, req)
 	if err != nil {
 		if errors.Is(err, driver.ErrConflict) {
 			return nil, reasonConflict, err
@@ -265,6 +266,38 @@ func (p *plugin) allocate(ctx context.Context, deviceIDs []string) (*pluginapi.C
 	logger.Info("Allocated through the device plugin", "pod", klog.KObj(pod), "resource", p.resource, "gpus", req.GPUs,
 		"cdiDevices", ids, "assignment", c.assigned, "retry", c.retry)
 	return out, "", nil
+}
+
+// goneClaimCheckTimeout bounds the claim check of a refused Allocate: the
+// kubelet admits one pod at a time and waits for the answer.
+const goneClaimCheckTimeout = 10 * time.Second
+
+// allocateOrFreeGone records the allocation; refused for a conflict, it
+// unprepares the claims on those GPUs that the API server no longer has for
+// this node and tries once more. That closes the window between the
+// controller freeing a GPU (its claim gone from the API server) and the
+// kubelet's NodeUnprepareResources (at the pod's teardown, seconds later):
+// a DRA pod admitted there waits, since the kubelet retries Prepare, but a
+// failed Allocate fails the pod's admission for good. A claim still
+// allocated here is never unprepared; then the refusal stands.
+func (p *plugin) allocateOrFreeGone(ctx context.Context, req driver.PodRequest) (*driver.PodCheckpoint, error) {
+	entry, err := p.m.opts.Ledger.AllocatePod(ctx, req)
+	if err == nil || !errors.Is(err, driver.ErrConflict) {
+		return entry, err
+	}
+	logger := klog.FromContext(ctx)
+	checkCtx, cancel := context.WithTimeout(ctx, goneClaimCheckTimeout)
+	defer cancel()
+	n, cerr := p.m.opts.Ledger.UnprepareGoneClaims(checkCtx, req.GPUs)
+	if cerr != nil {
+		logger.Error(cerr, "Checking the claims on a refused allocation's GPUs against the API server", "pod", klog.KRef(req.Namespace, req.Name), "gpus", req.GPUs)
+	}
+	if n == 0 {
+		return nil, err
+	}
+	logger.Info("Unprepared claims the API server no longer has on a refused allocation's GPUs; retrying once",
+		"pod", klog.KRef(req.Namespace, req.Name), "gpus", req.GPUs, "claims", n)
+	return p.m.opts.Ledger.AllocatePod(ctx, req)
 }
 
 // shareConfig is the GpuConfig of a share: what a ResourceClaim of the same

@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -68,34 +69,81 @@ func (d *Driver) reconcileClaims(ctx context.Context) {
 	}
 }
 
+// UnprepareGoneClaims runs the claim check of reconcileClaims on the claims
+// of the ledger that hold any of gpus (UUIDs), now: the device plugin calls
+// it when such a claim refuses an Allocate. The controller frees a GPU as
+// soon as the API server no longer has its claim for this node, but the
+// kubelet unprepares the claim only when it tears the pod down, seconds
+// later; a device-plugin pod admitted in between would otherwise fail for
+// good. Only claims the API server no longer has for this node (gone,
+// replaced, deallocated: the verdict of the periodic check, read again under
+// the lock) are unprepared; a claim still allocated here is kept, and any
+// API error keeps them all. It returns how many it unprepared.
+func (d *Driver) UnprepareGoneClaims(ctx context.Context, gpus []string) (int, error) {
+	d.mu.Lock()
+	var refs []*ClaimCheckpoint
+	for _, cl := range d.ckpt.SortedClaims() {
+		if slices.ContainsFunc(cl.Devices, func(dev DeviceCheckpoint) bool { return slices.Contains(gpus, dev.GPUUUID) }) {
+			refs = append(refs, cl)
+		}
+	}
+	d.mu.Unlock()
+	n := 0
+	for _, ref := range refs {
+		reason, _, err := d.claimVerdict(ctx, ref.Namespace, ref.Name, ref.UID)
+		if err != nil {
+			return n, err
+		}
+		if reason == "" {
+			continue
+		}
+		done, err := d.unprepareOrphanReported(ctx, ref.UID)
+		if err != nil {
+			return n, err
+		}
+		if done {
+			n++
+		}
+	}
+	return n, nil
+}
+
 // unprepareOrphan looks the claim up again under d.mu and, when it is still
 // an orphan, undoes it and drops it from the ledger.
 func (d *Driver) unprepareOrphan(ctx context.Context, uid string) error {
+	_, err := d.unprepareOrphanReported(ctx, uid)
+	return err
+}
+
+// unprepareOrphanReported is unprepareOrphan saying whether it unprepared
+// the claim: false when the kubelet did meanwhile, or the claim is not an
+// orphan after all.
+func (d *Driver) unprepareOrphanReported(ctx context.Context, uid string) (bool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	cl, ok := d.ckpt.Claims[uid]
 	if !ok {
-		return nil // the kubelet unprepared it meanwhile
+		return false, nil // the kubelet unprepared it meanwhile
 	}
 	reason, apiUID, err := d.claimVerdict(ctx, cl.Namespace, cl.Name, cl.UID)
 	if err != nil || reason == "" {
-		return err
+		return false, err
 	}
 	if err := d.undo(ctx, cl); err != nil {
-		return fmt.Errorf("undoing claim %s/%s: %w", cl.Namespace, cl.Name, err)
+		return false, fmt.Errorf("undoing claim %s/%s: %w", cl.Namespace, cl.Name, err)
 	}
 	delete(d.ckpt.Claims, uid)
 	if err := d.store.Save(d.ckpt); err != nil {
 		// Undone but still recorded: the next check (or a restart) retries,
 		// and undo is idempotent.
 		d.ckpt.Claims[uid] = cl
-		return fmt.Errorf("checkpoint after unpreparing claim %s/%s: %w", cl.Namespace, cl.Name, err)
+		return false, fmt.Errorf("checkpoint after unpreparing claim %s/%s: %w", cl.Namespace, cl.Name, err)
 	}
 	d.ledgerChanged()
 	d.metrics.orphansUnprepared.WithLabelValues(reason).Inc()
 	klog.FromContext(ctx).Info("Unprepared a claim the API server no longer has for this node",
 		"claim", klog.KRef(cl.Namespace, cl.Name), "uid", uid, "reason", reason, "apiUID", apiUID, "state", cl.State, "devices", len(cl.Devices))
-	return nil
+	return true, nil
 }
 
 // claimVerdict reads the claim from the API server and says why it is an

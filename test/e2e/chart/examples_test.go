@@ -135,7 +135,9 @@ func testExamples(t *testing.T, e *env) {
 	e.deletePods(t, gang)
 	// The API forgets a pod before the kubelet has its claims unprepared:
 	// wait for tessera-node's ledger to be empty, else the next pods race
-	// the gang's GPUs (a device-plugin pod fails admission outright).
+	// the gang's GPUs. tessera-node's Allocate now unprepares such claims
+	// (deviceplugin/README.md, Limits); the wait stays until this e2e has
+	// run without it (README.md, Not yet).
 	e.waitPrepared(t, 0)
 
 	e.apply(t, all, "03-team-a-sweep.yaml", "gpu-x1", "sweep-0")

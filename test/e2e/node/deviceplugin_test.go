@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -395,4 +396,70 @@ func TestDevicePluginTaints(t *testing.T) {
 	})
 	dra.mustPrepare(t, claim)
 	dra.mustUnprepare(t, claim)
+}
+
+// TestDevicePluginClaimGoneBeforeUnprepare: the controller frees a GPU once
+// the API server no longer has its claim, but the kubelet unprepares the
+// claim only at the pod's teardown, seconds later. A device-plugin pod
+// admitted in between (a share, or whole GPUs) gets the GPU: Allocate, on
+// the ledger's conflict, unprepares the claims the API server no longer has
+// and retries. A claim still allocated here is never given away.
+func TestDevicePluginClaimGoneBeforeUnprepare(t *testing.T) {
+	ns := "deviceplugin-race"
+	_, client, e := kwokNode(t, "dp-race", "h100-sxm-8", ns)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	d := e.start(t, nil)
+	defer d.Stop()
+	dra := register(t, e.registrar)
+	share, whole := e.startDevicePluginClients(t, d)
+	uuid := func(i int) string { return gpu.FakeUUID(e.name, i) }
+
+	// Whole-GPU claims on GPUs 2, 3 and 4, prepared by the kubelet.
+	claims := map[int]*resourceapi.ResourceClaim{}
+	for _, i := range []int{2, 3, 4} {
+		claims[i] = createAllocatedClaim(t, client, drivertest.Claim(ns, fmt.Sprintf("on-%d", i), "", []resourceapi.DeviceRequestAllocationResult{
+			drivertest.Result("gpu", e.name, fmt.Sprintf("gpu-%d", i), ""),
+		}))
+		dra.mustPrepare(t, claims[i])
+	}
+	// The pods of 2 and 3 are gone, and so are their claims; the kubelet
+	// has not unprepared them yet.
+	for _, i := range []int{2, 3} {
+		require.NoError(t, client.ResourceV1().ResourceClaims(ns).Delete(ctx, claims[i].Name, metav1.DeleteOptions{}))
+	}
+
+	oneGPU := corev1.ResourceRequirements{Limits: corev1.ResourceList{assignment.DefaultResourceGPU: resource.MustParse("1")}}
+	for _, p := range []*corev1.Pod{
+		sharePod(ns, "share", e.name, assignment.Assignment{GPUs: []int{2}, MemoryBytes: 10 << 30, ComputeMilli: 250, Sharing: assignment.SharingMPS}),
+		{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "whole"}, Spec: corev1.PodSpec{NodeName: e.name, Containers: []corev1.Container{{Name: "c", Image: "busybox", Resources: oneGPU}}}},
+	} {
+		_, err := client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+	_, err := allocateShare(ctx, share, "gpu-2-slot-0")
+	require.NoError(t, err, "a share on the GPU of a claim gone from the API server")
+	_, err = allocateIDs(ctx, whole, uuid(3))
+	require.NoError(t, err, "a whole GPU of a claim gone from the API server")
+	ck := readCheckpoint(t, e)
+	assert.NotContains(t, ck.Claims, string(claims[2].UID))
+	assert.NotContains(t, ck.Claims, string(claims[3].UID))
+	for _, i := range []int{2, 3} {
+		_, err := readSpecErr(e.cdi, string(claims[i].UID))
+		assert.True(t, os.IsNotExist(err), "the CDI spec of the gone claim on GPU %d is removed", i)
+	}
+
+	// A share on GPU 4, whose claim the API server still has: refused, and
+	// the claim keeps its GPU.
+	_, err = client.CoreV1().Pods(ns).Create(ctx, sharePod(ns, "share-live", e.name, assignment.Assignment{
+		GPUs: []int{4}, MemoryBytes: 10 << 30, ComputeMilli: 250, Sharing: assignment.SharingMPS,
+	}), metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = allocateShare(ctx, share, "gpu-4-slot-0")
+	require.ErrorContains(t, err, "held whole by ResourceClaim "+ns+"/on-4")
+	assert.Contains(t, readCheckpoint(t, e).Claims, string(claims[4].UID))
+	_, err = readSpecErr(e.cdi, string(claims[4].UID))
+	require.NoError(t, err, "the live claim's CDI spec is kept")
+	dra.mustUnprepare(t, claims[2], claims[3], claims[4])
 }
