@@ -2,15 +2,10 @@ package chart
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"math/big"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +14,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/tessera-gpu/tessera/internal/selfsigned"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -155,18 +151,11 @@ func TestChartCertManagerOnAPIServer(t *testing.T) {
 }
 
 // selfSignedCert is what cert-manager's SelfSigned issuer makes: a
-// certificate for dnsNames signed by its own key.
+// certificate for dnsNames signed by its own key (internal/selfsigned, the
+// chart's own generator, makes the same kind).
 func selfSignedCert(t *testing.T, dnsNames []string) (crt, key []byte) {
 	require.NotEmpty(t, dnsNames)
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	crt, key, err := selfsigned.Generate(dnsNames[0], dnsNames...)
 	require.NoError(t, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: dnsNames[0]},
-		DNSNames: dnsNames, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment | x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, k.Public(), k)
-	require.NoError(t, err)
-	kd, err := x509.MarshalECPrivateKey(k)
-	require.NoError(t, err)
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd})
+	return crt, key
 }
