@@ -148,6 +148,11 @@ func TestMutations(t *testing.T) {
 		run.Stdout, run.Stderr = &stdout, &stderr
 		err = run.Run()
 		cancel()
+		// Each mutant's binary is ~55 MB and there are over a hundred: keep the
+		// disk a CI machine shares with the other packages' tests.
+		if rmErr := os.RemoveAll(dir); rmErr != nil {
+			t.Fatalf("mutation %d: %v", i, rmErr)
+		}
 		if code := run.ProcessState.ExitCode(); code != 0 && code != 1 {
 			t.Fatalf("mutation %d (%s): tessera-sim exit %v: %s", i, m.Mutation, err, stderr.String())
 		}
