@@ -108,6 +108,7 @@ chart-sync:
 	cp api/scheduling/crds/*.yaml chart/tessera/crds/
 	cp driver/deviceclasses/deviceclasses.yaml chart/tessera/files/deviceclasses.yaml
 	cp deploy/rbac/tessera-controller.yaml chart/tessera/files/controller-rbac.yaml
+	cp deploy/rbac/tessera-controller-shadow.yaml chart/tessera/files/controller-shadow-rbac.yaml
 
 # Copies in sync, helm lint and helm template checks (the real-API-server
 # check of the chart runs with the other integration tests in `test`).

@@ -58,8 +58,9 @@ const (
 
 // synced are the chart's copies and their sources (`make chart-sync`).
 var synced = map[string]string{
-	"tessera/files/deviceclasses.yaml":   "../driver/deviceclasses/deviceclasses.yaml",
-	"tessera/files/controller-rbac.yaml": "../deploy/rbac/tessera-controller.yaml",
+	"tessera/files/deviceclasses.yaml":          "../driver/deviceclasses/deviceclasses.yaml",
+	"tessera/files/controller-rbac.yaml":        "../deploy/rbac/tessera-controller.yaml",
+	"tessera/files/controller-shadow-rbac.yaml": "../deploy/rbac/tessera-controller-shadow.yaml",
 }
 
 // TestCopiesInSync fails when a copy in the chart drifted from its source.
@@ -694,4 +695,41 @@ func TestHelmLintMonitoring(t *testing.T) {
 	out := runHelm(t, "lint", "--strict", chartDir, "--set", "monitoring.serviceMonitor.enabled=true",
 		"--set", "monitoring.prometheusRule.enabled=true", "--set", "monitoring.grafanaDashboard.enabled=true")
 	require.Contains(t, out, "0 chart(s) failed", out)
+}
+
+// TestHelmShadow: controller.shadow.enabled runs one replica with --shadow
+// as tessera-shadow, under the shadow RBAC (read-only plus its Lease), with
+// no webhook; a usage coefficient above 0 is refused.
+func TestHelmShadow(t *testing.T) {
+	objs := render(t, "--set", "controller.shadow.enabled=true", "--set", "controller.shadow.namespaces={ml,research}",
+		"--set", "controller.shadow.selector=team=a")
+	dep := find[*appsv1.Deployment](objs, "tessera-controller")
+	require.NotNil(t, dep)
+	require.Equal(t, int32(1), *dep.Spec.Replicas)
+	require.Equal(t, "tessera-shadow", dep.Spec.Template.Spec.ServiceAccountName)
+	args := dep.Spec.Template.Spec.Containers[0].Args
+	for _, want := range []string{"--shadow", "--shadow-namespaces=ml,research", "--shadow-selector=team=a", "--leader-elect-lease-name=tessera-shadow"} {
+		require.Contains(t, args, want)
+	}
+	for _, a := range args {
+		require.NotContains(t, a, "--webhook-addr", "shadow mode serves no webhook")
+	}
+	require.Nil(t, find[*rbacv1.ClusterRole](objs, "tessera-controller"), "the scheduling ClusterRole is not rendered")
+	role := find[*rbacv1.ClusterRole](objs, "tessera-shadow")
+	require.NotNil(t, role)
+	for _, r := range role.Rules {
+		for _, v := range r.Verbs {
+			require.Contains(t, []string{"get", "list", "watch"}, v, "shadow ClusterRole rule %v", r)
+		}
+	}
+	lease := find[*rbacv1.Role](objs, "tessera-shadow-leader-election")
+	require.NotNil(t, lease)
+	require.Equal(t, namespace, lease.Namespace)
+	require.Nil(t, find[*admissionregistrationv1.MutatingWebhookConfiguration](objs, "tessera-controller"))
+
+	cmd := exec.Command(helm(t), "template", "tessera", chartDir, "--namespace", namespace, "--set", "controller.shadow.enabled=true", "--set", "controller.usage.coefficient=1")
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), "keeps no usage history")
 }

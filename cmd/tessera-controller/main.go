@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -58,6 +59,10 @@ type options struct {
 	usageCoeff     float64
 	usageNamespace string
 	usageConfigMap string
+	// Shadow mode (controller/kube, shadow.go).
+	shadow           bool
+	shadowNamespaces string
+	shadowSelector   string
 }
 
 // defaultNamespace is the controller's own namespace: the pod's (from the
@@ -100,6 +105,9 @@ func bindFlags(fs *flag.FlagSet, o *options) {
 	fs.Float64Var(&o.usageCoeff, "usage-coefficient", 0, "weight of recent usage in the over-quota split of fair share, 0 to 100 (0: by weight alone, as without history; DESIGN.md, Fair share with history)")
 	fs.StringVar(&o.usageNamespace, "usage-namespace", defaultNamespace(), "namespace of the usage history's ConfigMap")
 	fs.StringVar(&o.usageConfigMap, "usage-configmap", kube.DefaultUsageConfigMap, "name of the usage history's ConfigMap")
+	fs.BoolVar(&o.shadow, "shadow", false, "shadow mode: decide for the pods of other schedulers as if they were Tessera's and write nothing but the Lease; the report is served at /shadow of the metrics address (no pod grouper, usage history nor webhook; docs/DESIGN.md, Shadow mode)")
+	fs.StringVar(&o.shadowNamespaces, "shadow-namespaces", "", "shadow mode: comma-separated namespaces whose pods are taken (empty: all)")
+	fs.StringVar(&o.shadowSelector, "shadow-selector", "", "shadow mode: label selector of the pods taken (empty: all)")
 	fs.BoolVar(&o.releaseOnCancel, "leader-elect-release-on-cancel", true, "give the Lease up on a clean shutdown so a standby takes over at once")
 }
 
@@ -125,6 +133,9 @@ func (o *options) validate() error {
 		return fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive")
 	}
 	if err := o.validateUsage(); err != nil {
+		return err
+	}
+	if err := o.validateShadow(); err != nil {
 		return err
 	}
 	if o.leaderElect {
@@ -158,6 +169,46 @@ func (o *options) validateUsage() error {
 	return nil
 }
 
+// validateShadow checks the shadow-mode flags: what writes cannot be on.
+func (o *options) validateShadow() error {
+	if !o.shadow {
+		if o.shadowNamespaces != "" || o.shadowSelector != "" {
+			return fmt.Errorf("--shadow-namespaces and --shadow-selector need --shadow")
+		}
+		return nil
+	}
+	if o.webhookAddr != "" {
+		return fmt.Errorf("--shadow writes nothing, so it serves no admission webhook: leave --webhook-addr empty")
+	}
+	if o.usageCoeff > 0 {
+		return fmt.Errorf("--shadow keeps no usage history (it would write its ConfigMap): --usage-coefficient must be 0")
+	}
+	_, err := o.shadowOptions()
+	return err
+}
+
+// shadowOptions are the shadow flags as the scheduler takes them; nil
+// without --shadow.
+func (o *options) shadowOptions() (*kube.ShadowOptions, error) {
+	if !o.shadow {
+		return nil, nil
+	}
+	so := &kube.ShadowOptions{}
+	for _, ns := range strings.Split(o.shadowNamespaces, ",") {
+		if ns = strings.TrimSpace(ns); ns != "" {
+			so.Namespaces = append(so.Namespaces, ns)
+		}
+	}
+	if o.shadowSelector != "" {
+		sel, err := labels.Parse(o.shadowSelector)
+		if err != nil {
+			return nil, fmt.Errorf("--shadow-selector %q: %w", o.shadowSelector, err)
+		}
+		so.Selector = sel
+	}
+	return so, nil
+}
+
 func (o *options) usageConfig() core.UsageConfig {
 	return core.UsageConfig{HalfLife: o.usageHalfLife, Window: o.usageWindow, Bucket: o.usageBucket}
 }
@@ -182,10 +233,17 @@ func (o *options) appConfig(rc *rest.Config) app.Config {
 		stale = core.DefaultStaleGangTimeout
 	}
 	var usage *kube.UsageOptions
-	if o.usageHistory {
+	if o.usageHistory && !o.shadow {
 		usage = &kube.UsageOptions{Config: o.usageConfig(), Namespace: o.usageNamespace, Name: o.usageConfigMap}
 	}
+	shadow, _ := o.shadowOptions() // validated
+	leaseName := o.leaseName
+	if shadow != nil && leaseName == app.DefaultLeaseName {
+		// Never the scheduling controller's Lease: both may run.
+		leaseName = app.DefaultShadowLeaseName
+	}
 	return app.Config{
+		Shadow:     shadow,
 		RestConfig: rc,
 		Usage:      usage,
 		Interval:   o.interval,
@@ -199,10 +257,10 @@ func (o *options) appConfig(rc *rest.Config) app.Config {
 		GPUResource:     o.gpuResource,
 		WebhookAddr:     o.webhookAddr,
 		WebhookCertDir:  o.webhookCertDir,
-		PodGrouper:      o.podGrouper,
+		PodGrouper:      o.podGrouper && !o.shadow,
 		LeaderElect:     o.leaderElect,
 		LeaseNamespace:  o.leaseNamespace,
-		LeaseName:       o.leaseName,
+		LeaseName:       leaseName,
 		LeaseDuration:   o.leaseDuration,
 		RenewDeadline:   o.renewDeadline,
 		RetryPeriod:     o.retryPeriod,
@@ -240,7 +298,7 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	klog.InfoS("Starting tessera-controller", "version", version.Version, "identity", c.Identity(), "leaderElect", o.leaderElect,
+	klog.InfoS("Starting tessera-controller", "version", version.Version, "identity", c.Identity(), "leaderElect", o.leaderElect, "shadow", o.shadow,
 		"interval", o.interval, "placement", o.placement, "consolidation", o.consolidation, "qps", o.qps, "burst", o.burst)
 	return c.Run(ctx)
 }

@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"flag"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"k8s.io/client-go/rest"
 
+	"github.com/tessera-gpu/tessera/controller/app"
 	"github.com/tessera-gpu/tessera/controller/core"
 )
 
@@ -75,6 +77,31 @@ func TestFlags(t *testing.T) {
 	}
 }
 
+// TestShadowFlags: --shadow turns off what writes, takes its own Lease, and
+// passes the namespaces and selector on.
+func TestShadowFlags(t *testing.T) {
+	o, err := parse(t, "--shadow", "--shadow-namespaces= ml, research ,", "--shadow-selector=team=a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := o.appConfig(&rest.Config{})
+	if cfg.Shadow == nil || cfg.PodGrouper || cfg.Usage != nil || cfg.LeaseName != app.DefaultShadowLeaseName {
+		t.Fatalf("config %+v", cfg)
+	}
+	if got := cfg.Shadow.Namespaces; !slices.Equal(got, []string{"ml", "research"}) {
+		t.Errorf("namespaces %q", got)
+	}
+	if got := cfg.Shadow.Selector.String(); got != "team=a" {
+		t.Errorf("selector %q", got)
+	}
+	if o, _ = parse(t, "--shadow", "--leader-elect-lease-name=mine"); o.appConfig(&rest.Config{}).LeaseName != "mine" {
+		t.Errorf("an explicit Lease name is kept")
+	}
+	if o, _ = parse(t); o.appConfig(&rest.Config{}).Shadow != nil {
+		t.Errorf("shadow mode without --shadow")
+	}
+}
+
 func TestFlagErrors(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -94,6 +121,10 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"--usage-bucket=1m", "--usage-window=168h"}, "at most 2016"},
 		{[]string{"--usage-half-life=-1h"}, "halfLife"},
 		{[]string{"--usage-configmap="}, "--usage-configmap"},
+		{[]string{"--shadow-namespaces=a"}, "need --shadow"},
+		{[]string{"--shadow", "--webhook-addr=:9443"}, "no admission webhook"},
+		{[]string{"--shadow", "--usage-coefficient=1"}, "no usage history"},
+		{[]string{"--shadow", "--shadow-selector=app in (a"}, `--shadow-selector "app in (a"`},
 	} {
 		_, err := parse(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

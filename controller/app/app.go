@@ -33,10 +33,13 @@ import (
 // Defaults of the leader election (those of kube-scheduler and most
 // controllers).
 const (
-	DefaultLeaseName     = "tessera-controller"
-	DefaultLeaseDuration = 15 * time.Second
-	DefaultRenewDeadline = 10 * time.Second
-	DefaultRetryPeriod   = 2 * time.Second
+	DefaultLeaseName = "tessera-controller"
+	// DefaultShadowLeaseName is shadow mode's Lease: a shadow controller
+	// never contends with a scheduling one.
+	DefaultShadowLeaseName = "tessera-shadow"
+	DefaultLeaseDuration   = 15 * time.Second
+	DefaultRenewDeadline   = 10 * time.Second
+	DefaultRetryPeriod     = 2 * time.Second
 )
 
 // ErrLeadershipLost is returned by Run when this replica stopped being the
@@ -61,6 +64,10 @@ type Config struct {
 	PodGrouper bool
 	// Usage, when set, keeps the usage history (kube.Options.Usage).
 	Usage *kube.UsageOptions
+	// Shadow, when set, runs in shadow mode (kube.Options.Shadow): no pod
+	// grouper, usage history nor webhook (they write), and the report at
+	// /shadow of the metrics address.
+	Shadow *kube.ShadowOptions
 
 	// LeaderElect runs the scheduler only while holding the Lease
 	// LeaseNamespace/LeaseName. Without it the scheduler runs at once.
@@ -134,6 +141,9 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.RetryPeriod <= 0 {
 		cfg.RetryPeriod = DefaultRetryPeriod
 	}
+	if cfg.Shadow != nil && (cfg.PodGrouper || cfg.Usage != nil || cfg.WebhookAddr != "" || cfg.CommitHook != nil) {
+		return nil, fmt.Errorf("app: shadow mode writes nothing: no pod grouper, usage history, webhook or commit hook")
+	}
 	if cfg.LeaderElect && cfg.LeaseNamespace == "" {
 		return nil, fmt.Errorf("app: LeaseNamespace is required with leader election")
 	}
@@ -172,6 +182,7 @@ func New(cfg Config) (*Controller, error) {
 		Client: client, Dynamic: dyn,
 		Interval: cfg.Interval, Core: cfg.Core, Workers: cfg.Workers,
 		Metrics: metrics, GPUResource: cfg.GPUResource, Hook: cfg.CommitHook, Usage: cfg.Usage,
+		Shadow: cfg.Shadow,
 	}
 	if cfg.PodGrouper {
 		if c.grouper, err = grouper.New(grouper.Options{Client: client, Dynamic: dyn}); err != nil {
@@ -399,6 +410,9 @@ func (c *Controller) handler(metrics, health bool) http.Handler {
 	mux := http.NewServeMux()
 	if metrics {
 		mux.Handle("/metrics", metricsHandler(c.registry))
+		if c.cfg.Shadow != nil {
+			mux.Handle(ShadowPath, ShadowHandler(c.scheduler))
+		}
 	}
 	if health {
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {

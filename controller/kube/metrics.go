@@ -31,6 +31,10 @@ type Metrics struct {
 	assignmentsIgnored *prometheus.CounterVec
 	nodeDisagreements  prometheus.Counter
 	fenced             prometheus.Counter
+	// Shadow mode (shadow.go): the last report's counts.
+	shadowPods      *prometheus.GaugeVec
+	shadowEvictions *prometheus.GaugeVec
+	shadowQueueGPUs *prometheus.GaugeVec
 }
 
 // NewMetrics registers the scheduler's metrics with reg.
@@ -57,6 +61,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Device-plugin pods whose node records other GPUs than their assignment (the kubelet chose others); counted once per pod."}),
 		fenced: prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_fenced_commits_total",
 			Help: "Commits stopped before a write because the leader Lease was no longer surely ours (the replica then steps down)."}),
+		shadowPods: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tessera_shadow_pods",
+			Help: "Shadow mode, last cycle: pods of other schedulers by outcome (taken, running, pending, would_place, agree, moved, left_pending, would_start, still_pending)."}, []string{"outcome"}),
+		shadowEvictions: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tessera_shadow_takeover_evictions",
+			Help: "Shadow mode, last cycle: pods a takeover's first cycle would evict, by action (reclaim, preempt, consolidate)."}, []string{"action"}),
+		shadowQueueGPUs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tessera_shadow_queue_gpus",
+			Help: "Shadow mode, last cycle: a queue's GPUs by kind (fair_share, would_allocate: Tessera placing every pod; allocated: what its pods hold now)."}, []string{"queue", "kind"}),
 	}
 	// Every evicting action from the start, so that rate() and the
 	// dashboard see zeros rather than no series before the first eviction.
@@ -64,7 +74,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.evictions.WithLabelValues(string(a))
 	}
 	reg.MustRegister(m.queueFairShare, m.queueAllocated, m.queuePending, m.queueQuota, m.queueUsage, m.pendingPods, m.cycle, m.decide, m.action, m.binds, m.evictions, m.apiErrors, m.bindFailures,
-		m.assignmentsIgnored, m.nodeDisagreements, m.fenced)
+		m.assignmentsIgnored, m.nodeDisagreements, m.fenced, m.shadowPods, m.shadowEvictions, m.shadowQueueGPUs)
 	return m
 }
 

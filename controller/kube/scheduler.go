@@ -86,6 +86,9 @@ type Options struct {
 	// and metrics show it, and fair share weighs it when
 	// Core.UsageCoefficient is above 0.
 	Usage *UsageOptions
+	// Shadow, when set, runs shadow cycles (shadow.go): decisions for the
+	// pods of other schedulers, nothing written, a ShadowReport each cycle.
+	Shadow *ShadowOptions
 }
 
 // Scheduler is tessera-scheduler: informers in, core decisions out.
@@ -163,12 +166,18 @@ type Scheduler struct {
 	own ownWrites
 	// dumps are the snapshot requests for the next cycle (replay.go).
 	dumps dumpRequests
+	// shadowLast is the last shadow cycle's report (shadow.go).
+	shadowLast shadowState
 }
 
 // New builds a Scheduler; Run starts it.
 func New(opts Options) (*Scheduler, error) {
 	if opts.Client == nil || opts.Dynamic == nil {
 		return nil, fmt.Errorf("kube: Client and Dynamic are required")
+	}
+	if opts.Shadow != nil && (opts.Usage != nil || opts.Hook != nil) {
+		// The usage history saves a ConfigMap; shadow mode writes nothing.
+		return nil, fmt.Errorf("kube: shadow mode keeps no usage history and has no commit hooks")
 	}
 	if opts.Interval <= 0 {
 		opts.Interval = time.Second
@@ -482,8 +491,12 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	}
 }
 
-// RunOnce runs one scheduling cycle: snapshot, decide, commit, report.
+// RunOnce runs one scheduling cycle: snapshot, decide, commit, report; in
+// shadow mode, a shadow cycle (shadow.go), which writes nothing.
 func (s *Scheduler) RunOnce(ctx context.Context) error {
+	if s.opts.Shadow != nil {
+		return s.shadowOnce(ctx)
+	}
 	s.awaitOwnWrites(ctx)
 	start := time.Now()
 	// A snapshot asked for: this cycle reads it (replay.go); nil otherwise.

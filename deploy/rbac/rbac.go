@@ -10,8 +10,17 @@ import _ "embed"
 //go:embed tessera-controller.yaml
 var ControllerYAML []byte
 
-// Namespace and ServiceAccount the manifests grant to.
+// ShadowYAML is tessera-controller-shadow.yaml: the ServiceAccount,
+// read-only ClusterRole and Lease Role of shadow mode (--shadow).
+//
+//go:embed tessera-controller-shadow.yaml
+var ShadowYAML []byte
+
+// Namespace and ServiceAccount the manifests grant to; ShadowServiceAccount
+// and ShadowLease are shadow mode's.
 const (
-	Namespace      = "tessera-system"
-	ServiceAccount = "tessera-controller"
+	Namespace            = "tessera-system"
+	ServiceAccount       = "tessera-controller"
+	ShadowServiceAccount = "tessera-shadow"
+	ShadowLease          = "tessera-shadow"
 )

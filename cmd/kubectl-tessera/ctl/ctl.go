@@ -10,6 +10,9 @@
 //	why POD     why a pod waits: the scheduler's reason, its queue, its gang
 //	            (PodGroup, who made it, its state) and the scheduler's recent
 //	            events for it
+//	shadow      shadow mode's report (tessera-controller --shadow): pods of
+//	            other schedulers Tessera would place elsewhere or leave
+//	            pending, fair share per queue, what a takeover would evict
 package ctl
 
 import (
@@ -43,6 +46,8 @@ type Clients struct {
 	Dynamic dynamic.Interface
 	// Namespace is the namespace of `why` (kubectl's -n, or the context's).
 	Namespace string
+	// Shadow says where `shadow` reads its report and how it prints it.
+	Shadow ShadowOptions
 }
 
 // Usage is the plugin's help.
@@ -51,6 +56,9 @@ const Usage = `kubectl tessera: what Tessera is doing with the cluster's GPUs
   kubectl tessera queues        the queue tree: quota, fair share, allocated, pending
   kubectl tessera nodes         every GPU: model, memory, sharing, use, pods
   kubectl tessera why POD       why a pod is not running yet
+  kubectl tessera shadow        shadow mode's report: where Tessera would put the
+                                pods of other schedulers, fair shares, a takeover
+                                (-o json; --url, --controller-namespace)
 
 Flags: --kubeconfig, --context, -n/--namespace (as kubectl's)
 `
@@ -70,8 +78,10 @@ func Run(ctx context.Context, c Clients, args []string, out io.Writer) error {
 			return errors.New("why takes one pod name")
 		}
 		return why(ctx, c, args[1], out)
+	case "shadow":
+		return shadow(ctx, c, out)
 	}
-	return fmt.Errorf("unknown command %q (queues, nodes, why POD)", args[0])
+	return fmt.Errorf("unknown command %q (queues, nodes, why POD, shadow)", args[0])
 }
 
 func queues(ctx context.Context, c Clients, out io.Writer) error {
