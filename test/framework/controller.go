@@ -53,7 +53,15 @@ type ControllerOptions struct {
 	// Env is added to the test's environment, e.g. the commit test hook
 	// (tessera-controller's test hooks).
 	Env []string
+	// User, when set, is the identity it runs as (user, then groups)
+	// instead of ControllerUser: ShadowUser for shadow mode.
+	User []string
 }
+
+// ShadowUser is the identity deploy/rbac's shadow manifests grant to
+// (ApplyShadowRBAC), as the API server sees a token of its ServiceAccount.
+var ShadowUser = []string{"system:serviceaccount:" + rbac.Namespace + ":" + rbac.ShadowServiceAccount,
+	"system:serviceaccounts", "system:serviceaccounts:" + rbac.Namespace, "system:authenticated"}
 
 // Controller is tessera-controller running as a real process: killable
 // (Kill), freezable (Pause, Resume) and restartable (Restart), its log in
@@ -74,7 +82,11 @@ func StartController(t testing.TB, cp *controlplane.ControlPlane, opts Controlle
 		opts.Name = "tessera-controller"
 	}
 	bin := controlplane.GoBinary(t, "./cmd/tessera-controller")
-	kubeconfig := cp.WriteKubeconfig(t, ControllerConfig(cp))
+	cfg := ControllerConfig(cp)
+	if len(opts.User) > 0 {
+		cfg = cp.UserConfig(opts.User[0], opts.User[1:]...)
+	}
+	kubeconfig := cp.WriteKubeconfig(t, cfg)
 	addr, err := freePort()
 	if err != nil {
 		t.Fatalf("%v", err)

@@ -112,12 +112,24 @@ func ApplyDeviceClasses(ctx context.Context, client kubernetes.Interface) error 
 // tessera-gpu-assignment admission policy. The API server takes a moment to
 // load the policy; WaitAssignmentPolicy waits for it.
 func ApplyControllerRBAC(ctx context.Context, client kubernetes.Interface) error {
+	return applyRBAC(ctx, client, rbac.ControllerYAML)
+}
+
+// ApplyShadowRBAC creates every object of
+// deploy/rbac/tessera-controller-shadow.yaml, exactly as shipped: shadow
+// mode's ServiceAccount, read-only ClusterRole and Lease Role.
+func ApplyShadowRBAC(ctx context.Context, client kubernetes.Interface) error {
+	return applyRBAC(ctx, client, rbac.ShadowYAML)
+}
+
+// applyRBAC creates every object of manifests.
+func applyRBAC(ctx context.Context, client kubernetes.Interface, manifests []byte) error {
 	sch := runtime.NewScheme()
 	_ = corev1.AddToScheme(sch)
 	_ = rbacv1.AddToScheme(sch)
 	_ = admissionregistrationv1.AddToScheme(sch)
 	decoder := serializer.NewCodecFactory(sch).UniversalDeserializer()
-	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(rbac.ControllerYAML)))
+	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(manifests)))
 	for {
 		doc, err := reader.Read()
 		if errors.Is(err, io.EOF) {

@@ -223,6 +223,8 @@ type podSpec struct {
 	nodeSelector        map[string]string
 	spread              []v1.TopologySpreadConstraint
 	gates               []string // scheduling gates
+	// scheduler is the pod's schedulerName (default tessera-scheduler).
+	scheduler string
 }
 
 func (e *env) createPod(p podSpec) *v1.Pod {
@@ -238,6 +240,9 @@ func (e *env) createPod(p podSpec) *v1.Pod {
 	}
 	if p.queue != "" {
 		pod.Labels[kube.LabelQueue] = p.queue
+	}
+	if p.scheduler != "" {
+		pod.Spec.SchedulerName = p.scheduler
 	}
 	if p.tolerate != "" {
 		pod.Spec.Tolerations = append(pod.Spec.Tolerations, v1.Toleration{Key: p.tolerate, Operator: v1.TolerationOpExists, Effect: v1.TaintEffectNoSchedule})
