@@ -707,6 +707,7 @@ func TestHelmShadow(t *testing.T) {
 	require.NotNil(t, dep)
 	require.Equal(t, int32(1), *dep.Spec.Replicas)
 	require.Equal(t, "tessera-shadow", dep.Spec.Template.Spec.ServiceAccountName)
+	require.Nil(t, dep.Spec.Template.Spec.Affinity, "one replica: no anti-affinity")
 	args := dep.Spec.Template.Spec.Containers[0].Args
 	for _, want := range []string{"--shadow", "--shadow-namespaces=ml,research", "--shadow-selector=team=a", "--leader-elect-lease-name=tessera-shadow"} {
 		require.Contains(t, args, want)
@@ -727,9 +728,50 @@ func TestHelmShadow(t *testing.T) {
 	require.Equal(t, namespace, lease.Namespace)
 	require.Nil(t, find[*admissionregistrationv1.MutatingWebhookConfiguration](objs, "tessera-controller"))
 
+	// Another release namespace: the shadow manifests follow it.
+	other := runHelm(t, "template", "tessera", chartDir, "--namespace", "gpu-sched", "--set", "controller.shadow.enabled=true")
+	require.NotContains(t, stripComments(other), "tessera-system")
+	require.Contains(t, other, "name: tessera-shadow\n  namespace: gpu-sched")
+
 	cmd := exec.Command(helm(t), "template", "tessera", chartDir, "--namespace", namespace, "--set", "controller.shadow.enabled=true", "--set", "controller.usage.coefficient=1")
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
 	out, err := cmd.CombinedOutput()
 	require.Error(t, err)
 	require.Contains(t, string(out), "keeps no usage history")
+}
+
+// TestChartShadowOnAPIServer: the chart in shadow mode applies on a real
+// API server, and its identity reads pods and takes its Lease in the
+// release namespace but may not bind, evict or write events.
+func TestChartShadowOnAPIServer(t *testing.T) {
+	helm(t)
+	cp := controlplane.Start(t, controlplane.Options{NoControllerManager: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	client := cp.Client(t)
+	_, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	out := runHelm(t, "template", "tessera", chartDir, "--namespace", namespace, "--include-crds", "--set", "controller.shadow.enabled=true")
+	createRendered(ctx, t, cp, out)
+
+	cfg := rest.CopyConfig(cp.AdminConfig)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + namespace + ":tessera-shadow",
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+	}
+	sa, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	_, err = sa.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	_, err = sa.CoordinationV1().Leases(namespace).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "tessera-shadow"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = sa.CoordinationV1().Leases(namespace).Get(ctx, "tessera-shadow", metav1.GetOptions{})
+	require.NoError(t, err)
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	err = sa.CoreV1().Pods(namespace).Bind(ctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Target: corev1.ObjectReference{Kind: "Node", Name: "n1"}}, dry)
+	require.True(t, apierrors.IsForbidden(err), "bind: %v", err)
+	_, err = sa.CoreV1().Events(namespace).Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "e"}, InvolvedObject: corev1.ObjectReference{Kind: "Pod", Name: "p", Namespace: namespace}}, dry)
+	require.True(t, apierrors.IsForbidden(err), "event: %v", err)
+	_, err = sa.CoordinationV1().Leases(namespace).Get(ctx, "tessera-controller", metav1.GetOptions{})
+	require.True(t, apierrors.IsForbidden(err), "the scheduling controller's Lease: %v", err)
 }
