@@ -3,7 +3,6 @@ package grouper_test
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,20 +11,15 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-gpu/tessera/cdi"
 	"github.com/tessera-gpu/tessera/controller/app"
 	"github.com/tessera-gpu/tessera/controller/kube"
-	"github.com/tessera-gpu/tessera/deploy/rbac"
-	"github.com/tessera-gpu/tessera/driver"
 	"github.com/tessera-gpu/tessera/driver/deviceclasses"
-	"github.com/tessera-gpu/tessera/gpu"
 	"github.com/tessera-gpu/tessera/test/controlplane"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
@@ -36,6 +30,7 @@ import (
 // pod grouper, as its ServiceAccount under deploy/rbac (so a missing RBAC
 // rule fails the test).
 type env struct {
+	*framework.Env
 	t      *testing.T
 	ctx    context.Context
 	cp     *controlplane.ControlPlane
@@ -46,30 +41,8 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs a real control plane (etcd, kube-apiserver, kube-controller-manager, kwok); skipped with -short")
-	}
-	cp := controlplane.Start(t, controlplane.Options{})
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	e := &env{t: t, ctx: ctx, cp: cp, client: cp.Client(t)}
-	var err error
-	if e.dyn, err = dynamic.NewForConfig(cp.AdminConfig); err != nil {
-		t.Fatal(err)
-	}
-	if err := framework.InstallCRDs(ctx, e.dyn); err != nil {
-		t.Fatal(err)
-	}
-	if err := framework.ApplyDeviceClasses(ctx, e.client); err != nil {
-		t.Fatal(err)
-	}
-	cp.CreateNamespace(t, rbac.Namespace)
-	if err := framework.ApplyControllerRBAC(ctx, e.client); err != nil {
-		t.Fatal(err)
-	}
-	cp.StartKwok(t)
-	e.ns = cp.CreateNamespace(t, "team-a").Name
-	return e
+	fe := framework.NewEnv(t, framework.EnvOptions{Namespace: "team-a", ControllerRBAC: true})
+	return &env{Env: fe, t: t, ctx: fe.Ctx, cp: fe.CP, client: fe.Client, dyn: fe.Dyn, ns: fe.NS}
 }
 
 // startController runs tessera-controller (scheduler + pod grouper)
@@ -93,45 +66,13 @@ func (e *env) startController() {
 
 // addGPUNode adds a kwok node with a fake tessera-node of profile.
 func (e *env) addGPUNode(name, profile string) {
-	t := e.t
-	t.Helper()
-	e.cp.AddKwokNodeWith(t, &v1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Status: v1.NodeStatus{Capacity: v1.ResourceList{
-			v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi"), v1.ResourcePods: resource.MustParse("110"),
-		}},
-	})
-	inv, err := gpu.NewFake(profile, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	d, err := driver.Start(e.ctx, driver.Options{
-		NodeName: name, KubeClient: e.client, Inventory: inv,
-		RegistrarDir: filepath.Join(dir, "registry"), PluginDataDir: filepath.Join(dir, "plugin"),
-		CDI: cdi.Options{Root: filepath.Join(dir, "cdi"), Fake: true},
-	})
-	if err != nil {
-		t.Fatalf("starting tessera-node for %s: %v", name, err)
-	}
-	t.Cleanup(d.Stop)
-	devs, _ := inv.Devices()
-	e.eventually("slices of "+name, 30*time.Second, func() (bool, string) {
-		n := 0
-		sl, err := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
-		if err != nil {
-			return false, err.Error()
-		}
-		for _, s := range sl.Items {
-			n += len(s.Spec.Devices)
-		}
-		return n == len(devs), fmt.Sprintf("%d of %d devices published", n, len(devs))
-	})
+	e.t.Helper()
+	e.AddGPUNode(name, profile, framework.NodeOptions{})
 }
 
 func (e *env) eventually(what string, timeout time.Duration, cond func() (bool, string)) {
 	e.t.Helper()
-	framework.Eventually(e.t, what, timeout, cond)
+	e.Eventually(what, timeout, cond)
 }
 
 // gpuTemplate creates a ResourceClaimTemplate of n whole GPUs.
@@ -187,17 +128,7 @@ func (e *env) indexedJob(name string, n int32, gpuTmpl string, annotations map[s
 // jobPods are the live pods of a Job.
 func (e *env) jobPods(job string) []v1.Pod {
 	e.t.Helper()
-	l, err := e.client.CoreV1().Pods(e.ns).List(e.ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + job})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	var out []v1.Pod
-	for _, p := range l.Items {
-		if p.DeletionTimestamp == nil {
-			out = append(out, p)
-		}
-	}
-	return out
+	return e.LivePods("batch.kubernetes.io/job-name=" + job)
 }
 
 // scheduledReason is the message of a pod's PodScheduled=False condition.

@@ -2,9 +2,7 @@ package scheduler_test
 
 import (
 	"context"
-	"fmt"
 	"maps"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -14,7 +12,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -22,7 +19,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-gpu/tessera/cdi"
 	"github.com/tessera-gpu/tessera/controller/core"
 	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/driver"
@@ -35,6 +31,7 @@ import (
 // env is a real control plane with kwok nodes, a tessera-node (fake GPUs)
 // per node publishing its slices, and tessera-scheduler running in-process.
 type env struct {
+	*framework.Env
 	t      *testing.T
 	ctx    context.Context
 	cp     *controlplane.ControlPlane
@@ -57,33 +54,18 @@ func newEnv(t *testing.T) *env {
 // newEnvWith is newEnv on a control plane started with opts.
 func newEnvWith(t *testing.T, opts controlplane.Options) *env {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs a real control plane (etcd, kube-apiserver, kube-controller-manager, kwok); skipped with -short")
-	}
-	cp := controlplane.Start(t, opts)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	e := &env{t: t, ctx: ctx, cp: cp, client: cp.Client(t)}
-	var err error
-	if e.dyn, err = dynamic.NewForConfig(cp.AdminConfig); err != nil {
-		t.Fatal(err)
-	}
-	e.installCRDs()
-	if err := framework.ApplyDeviceClasses(ctx, e.client); err != nil {
-		t.Fatal(err)
-	}
+	fe := framework.NewEnv(t, framework.EnvOptions{ControlPlane: opts, Namespace: "work"})
+	e := &env{Env: fe, t: t, ctx: fe.Ctx, cp: fe.CP, client: fe.Client, dyn: fe.Dyn, ns: fe.NS}
 	for name, value := range map[string]int32{"tessera-train": 50, "tessera-build": 100, "tessera-inference": 125} {
-		_, err := e.client.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Value: value}, metav1.CreateOptions{})
+		_, err := e.client.SchedulingV1().PriorityClasses().Create(e.ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Value: value}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
 	never := v1.PreemptNever
-	if _, err := e.client.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "build-no-preempt"}, Value: 100, PreemptionPolicy: &never}, metav1.CreateOptions{}); err != nil {
+	if _, err := e.client.SchedulingV1().PriorityClasses().Create(e.ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "build-no-preempt"}, Value: 100, PreemptionPolicy: &never}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	cp.StartKwok(t)
-	e.ns = cp.CreateNamespace(t, "work").Name
 	return e
 }
 
@@ -135,62 +117,20 @@ func (e *env) addGPUNode(name, profile string, taints ...v1.Taint) {
 // It returns the node's driver, whose ledger tests may use as the device
 // plugin would.
 func (e *env) addGPUNodeWith(name, profile string, extra v1.ResourceList, taints ...v1.Taint) *driver.Driver {
-	t := e.t
-	t.Helper()
-	capacity := v1.ResourceList{
-		v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi"), v1.ResourcePods: resource.MustParse("110"),
-	}
-	maps.Copy(capacity, extra)
-	e.cp.AddKwokNodeWith(t, &v1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec:       v1.NodeSpec{Taints: taints},
-		Status:     v1.NodeStatus{Capacity: capacity},
-	})
-	return e.startTesseraNode(name, profile)
+	e.t.Helper()
+	return e.AddGPUNode(name, profile, framework.NodeOptions{Extra: extra, Taints: taints, LabelClique: true})
 }
 
 // startTesseraNode runs tessera-node in-process (fake GPUs of profile,
 // opts) for the kwok node name and waits for its slice.
 func (e *env) startTesseraNode(name, profile string, opts ...gpu.Option) *driver.Driver {
-	t := e.t
-	t.Helper()
-	inv, err := gpu.NewFake(profile, name, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	d, err := driver.Start(e.ctx, driver.Options{
-		NodeName:      name,
-		KubeClient:    e.client,
-		Inventory:     inv,
-		RegistrarDir:  filepath.Join(dir, "registry"),
-		PluginDataDir: filepath.Join(dir, "plugin"),
-		CDI:           cdi.Options{Root: filepath.Join(dir, "cdi"), Fake: true},
-		BootIDPath:    "",
-		LabelClique:   true,
-	})
-	if err != nil {
-		t.Fatalf("starting tessera-node for %s: %v", name, err)
-	}
-	t.Cleanup(d.Stop)
-	devs, _ := inv.Devices()
-	e.eventually("slices of "+name, 30*time.Second, func() (bool, string) {
-		n := 0
-		sl, err := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
-		if err != nil {
-			return false, err.Error()
-		}
-		for _, s := range sl.Items {
-			n += len(s.Spec.Devices)
-		}
-		return n == len(devs), fmt.Sprintf("%d of %d devices published", n, len(devs))
-	})
-	return d
+	e.t.Helper()
+	return e.StartTesseraNode(name, profile, framework.NodeOptions{LabelClique: true, GPU: opts})
 }
 
 func (e *env) eventually(what string, timeout time.Duration, cond func() (bool, string)) {
 	e.t.Helper()
-	framework.Eventually(e.t, what, timeout, cond)
+	e.Eventually(what, timeout, cond)
 }
 
 // gpuClaim describes the ResourceClaimTemplate of a test pod.
@@ -338,14 +278,7 @@ func (e *env) createQueue(name, parent string, gpuQuota, gpuLimit string, priori
 	if parent != "" {
 		spec["parent"] = parent
 	}
-	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "Queue",
-		"metadata": map[string]any{"name": name},
-		"spec":     spec,
-	}}
-	if _, err := e.dyn.Resource(kube.QueueGVR).Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
-		e.t.Fatalf("creating Queue %s: %v", name, err)
-	}
+	e.CreateQueue(name, spec)
 }
 
 func (e *env) createPodGroup(name, queue string, minMember int64) {
@@ -361,37 +294,16 @@ func (e *env) createPodGroup(name, queue string, minMember int64) {
 }
 
 func (e *env) pod(name string) *v1.Pod {
-	p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return p
+	e.t.Helper()
+	return e.Pod(name)
 }
 
 func (e *env) waitBound(names ...string) {
 	e.t.Helper()
-	for _, n := range names {
-		e.eventually("pod "+n+" bound", 60*time.Second, func() (bool, string) {
-			p := e.pod(n)
-			if p == nil {
-				return false, "gone"
-			}
-			return p.Spec.NodeName != "", pendingReason(p)
-		})
-	}
+	e.WaitBound(60*time.Second, names...)
 }
 
-func pendingReason(p *v1.Pod) string {
-	for _, c := range p.Status.Conditions {
-		if c.Type == v1.PodScheduled {
-			return fmt.Sprintf("%s: %s", c.Reason, c.Message)
-		}
-	}
-	return "no PodScheduled condition"
-}
+var pendingReason = framework.PendingReason
 
 // claimOf returns the allocated claim of a test pod.
 func (e *env) claimOf(pod string) *resourceapi.ResourceClaim {

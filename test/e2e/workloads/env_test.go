@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -19,13 +18,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/controller/kube"
-	"github.com/tessera-gpu/tessera/deploy/rbac"
 	"github.com/tessera-gpu/tessera/internal/assignment"
 	"github.com/tessera-gpu/tessera/test/controlplane"
 	"github.com/tessera-gpu/tessera/test/framework"
@@ -42,6 +39,7 @@ const (
 )
 
 type env struct {
+	*framework.Env
 	t      *testing.T
 	ctx    context.Context
 	cp     *controlplane.ControlPlane
@@ -57,42 +55,26 @@ func newEnv(t *testing.T, operators ...string) *env {
 	t.Helper()
 	framework.OperatorsDir(t) // builds them, or skips under -short, before anything starts
 	nodeBin := controlplane.GoBinary(t, "./cmd/tessera-node")
-	cp := controlplane.Start(t, controlplane.Options{})
-	e := &env{t: t, ctx: t.Context(), cp: cp, client: cp.Client(t), ops: map[string]*framework.Operator{}}
-	var err error
-	if e.dyn, err = dynamic.NewForConfig(cp.AdminConfig); err != nil {
-		t.Fatal(err)
-	}
-	if err := framework.InstallCRDs(e.ctx, e.dyn); err != nil {
-		t.Fatal(err)
-	}
-	if err := framework.ApplyDeviceClasses(e.ctx, e.client); err != nil {
-		t.Fatal(err)
-	}
-	cp.CreateNamespace(t, rbac.Namespace)
-	if err := framework.ApplyControllerRBAC(e.ctx, e.client); err != nil {
-		t.Fatal(err)
-	}
+	fe := framework.NewEnv(t, framework.EnvOptions{Namespace: "ml", ControllerRBAC: true})
+	e := &env{Env: fe, t: t, ctx: fe.Ctx, cp: fe.CP, client: fe.Client, dyn: fe.Dyn, ns: fe.NS, ops: map[string]*framework.Operator{}}
 	for _, q := range []string{teamA, teamB} {
 		e.createQueue(q, "4")
 	}
-	e.ns = cp.CreateNamespace(t, "ml").Name
-	cp.StartKwok(t)
 	n, err := framework.FakeGPUNode(node, nodeProfile, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp.AddKwokNodeWith(t, n)
-	kubeconfig := cp.WriteKubeconfig(t, cp.UserConfig("system:node:"+node, "system:nodes"))
-	cp.StartChild(t, controlplane.ChildOptions{Name: "tessera-node-" + node, Bin: nodeBin,
+	e.cp.AddKwokNodeWith(t, n)
+	kubeconfig := e.cp.WriteKubeconfig(t, e.cp.UserConfig("system:node:"+node, "system:nodes"))
+	e.cp.StartChild(t, controlplane.ChildOptions{Name: "tessera-node-" + node, Bin: nodeBin,
 		Args: framework.FakeTesseraNodeArgs(node, nodeProfile, kubeconfig, filepath.Join(shortDir(t), node))})
-	e.waitSlices()
+	e.WaitDevices(node, nodeGPUs, time.Minute)
 	for _, name := range operators {
 		start := time.Now()
-		e.ops[name] = framework.StartOperator(t, cp, name)
+		e.ops[name] = framework.StartOperator(t, e.cp, name)
 		t.Logf("%s ready in %v", name, time.Since(start).Round(time.Millisecond))
 	}
-	c := framework.StartController(t, cp, framework.ControllerOptions{})
+	c := framework.StartController(t, e.cp, framework.ControllerOptions{})
 	c.WaitLeader(t, time.Minute)
 	return e
 }
@@ -111,33 +93,12 @@ func shortDir(t *testing.T) string {
 
 func (e *env) createQueue(name, quota string) {
 	e.t.Helper()
-	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "Queue",
-		"metadata": map[string]any{"name": name},
-		"spec":     map[string]any{"resources": map[string]any{"gpu": map[string]any{"quota": quota}}},
-	}}
-	if _, err := e.dyn.Resource(kube.QueueGVR).Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
-		e.t.Fatalf("creating Queue %s: %v", name, err)
-	}
-}
-
-func (e *env) waitSlices() {
-	e.eventually("the GPUs of "+node+" published", time.Minute, func() (bool, string) {
-		sl, err := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
-		if err != nil {
-			return false, err.Error()
-		}
-		n := 0
-		for _, s := range sl.Items {
-			n += len(s.Spec.Devices)
-		}
-		return n == nodeGPUs, fmt.Sprintf("%d of %d", n, nodeGPUs)
-	})
+	e.CreateQueue(name, map[string]any{"resources": map[string]any{"gpu": map[string]any{"quota": quota}}})
 }
 
 func (e *env) eventually(what string, timeout time.Duration, cond func() (bool, string)) {
 	e.t.Helper()
-	framework.Eventually(e.t, what, timeout, cond)
+	e.Eventually(what, timeout, cond)
 }
 
 // create creates a workload's object.
@@ -168,42 +129,18 @@ func (e *env) bareGPUPod(name, queue string, gpus int, preemptible bool) {
 
 func (e *env) waitBound(name string) {
 	e.t.Helper()
-	e.eventually("pod "+name+" bound", time.Minute, func() (bool, string) {
-		p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		return p.Spec.NodeName != "", pendingReason(p)
-	})
+	e.WaitBound(time.Minute, name)
 }
 
 // pods lists a workload's live pods (not being deleted), by name.
 func (e *env) pods(w framework.Workload) []corev1.Pod {
 	e.t.Helper()
-	list, err := e.client.CoreV1().Pods(e.ns).List(e.ctx, metav1.ListOptions{LabelSelector: w.PodSelector})
-	if err != nil {
-		e.t.Fatalf("listing pods of %s: %v", w.Object.GetName(), err)
-	}
-	var out []corev1.Pod
-	for _, p := range list.Items {
-		if p.DeletionTimestamp == nil {
-			out = append(out, p)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
+	return e.LivePods(w.PodSelector)
 }
 
 // pendingReason is the PodScheduled condition tessera-scheduler writes on a
 // pod it cannot place.
-func pendingReason(p *corev1.Pod) string {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodScheduled {
-			return fmt.Sprintf("%s: %s", c.Reason, c.Message)
-		}
-	}
-	return "no PodScheduled condition"
-}
+var pendingReason = framework.PendingReason
 
 // boundAt is when a bound pod's PodScheduled condition turned true.
 func boundAt(p corev1.Pod) time.Time {
