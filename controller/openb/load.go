@@ -182,75 +182,108 @@ func (t *table) name(column, what string, seen map[string]int) (string, error) {
 }
 
 // LoadNodes reads a node list (sn,cpu_milli,memory_mib,gpu,model).
-func LoadNodes(path string) ([]Node, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err // os names the path
-	}
-	defer f.Close()
-	return ReadNodes(path, f)
-}
+func LoadNodes(path string) ([]Node, error) { return load(path, ReadNodes) }
 
 // ReadNodes reads a node list from r; name is the file's name in errors.
 func ReadNodes(name string, r io.Reader) ([]Node, error) {
-	t, err := newTable(name, r, nodeColumns)
-	if err != nil {
-		return nil, err
-	}
-	var nodes []Node
-	seen := map[string]int{}
-	for {
-		if err := t.next(); err == io.EOF {
-			break
-		} else if err != nil {
-			return nil, err
-		}
+	return readRows(name, r, nodeColumns, "nodes", func(t *table, seen map[string]int) (Node, error) {
 		var n Node
+		var err error
 		if n.Name, err = t.name("sn", "node", seen); err != nil {
-			return nil, err
+			return n, err
 		}
-		if n.CPUMilli, err = t.int("cpu_milli", 0, 1<<40); err != nil {
-			return nil, err
-		}
-		if n.MemoryMiB, err = t.int("memory_mib", 0, 1<<40); err != nil {
-			return nil, err
+		if n.CPUMilli, n.MemoryMiB, err = t.cpuMemory(); err != nil {
+			return n, err
 		}
 		g, err := t.int("gpu", 0, 1024)
 		if err != nil {
-			return nil, err
+			return n, err
 		}
 		n.GPUs = int(g)
 		var mcol int
 		n.Model, mcol = t.field("model")
 		if n.GPUs > 0 && n.Model == "" {
-			return nil, t.errAt(mcol, "model: empty for a node with %d GPUs", n.GPUs)
+			return n, t.errAt(mcol, "model: empty for a node with %d GPUs", n.GPUs)
 		}
-		nodes = append(nodes, n)
-	}
-	if len(nodes) == 0 {
-		return nil, fmt.Errorf("%s: no nodes", name)
-	}
-	return nodes, nil
+		return n, nil
+	})
 }
 
 // LoadPods reads a pod list. gpu_spec is empty (any model) or models
 // joined by "|", e.g. "V100M16|V100M32".
-func LoadPods(path string) ([]Pod, error) {
+func LoadPods(path string) ([]Pod, error) { return load(path, ReadPods) }
+
+// ReadPods reads a pod list from r; name is the file's name in errors.
+func ReadPods(name string, r io.Reader) ([]Pod, error) {
+	return readRows(name, r, podColumns, "pods", readPod)
+}
+
+func readPod(t *table, seen map[string]int) (Pod, error) {
+	var p Pod
+	var err error
+	if p.Name, err = t.name("name", "pod", seen); err != nil {
+		return p, err
+	}
+	if p.CPUMilli, p.MemoryMiB, err = t.cpuMemory(); err != nil {
+		return p, err
+	}
+	ng, err := t.int("num_gpu", 0, 1024)
+	if err != nil {
+		return p, err
+	}
+	gm, err := t.int("gpu_milli", 0, packing.MilliPerGPU)
+	if err != nil {
+		return p, err
+	}
+	p.NumGPU, p.GPUMilli = int(ng), int(gm)
+	switch {
+	case p.NumGPU == 0 && p.GPUMilli != 0:
+		return p, t.errAt(t.col["gpu_milli"], "gpu_milli: %d with num_gpu 0", p.GPUMilli)
+	case p.NumGPU > 0 && p.GPUMilli == 0:
+		return p, t.errAt(t.col["gpu_milli"], "gpu_milli: 0 with num_gpu %d", p.NumGPU)
+	case p.NumGPU > 1 && p.GPUMilli != packing.MilliPerGPU:
+		return p, t.errAt(t.col["gpu_milli"], "gpu_milli: %d with num_gpu %d (only a single-GPU pod may take a fraction)", p.GPUMilli, p.NumGPU)
+	}
+	if spec, scol := t.field("gpu_spec"); spec != "" {
+		for _, m := range strings.Split(spec, "|") {
+			if m == "" || strings.TrimSpace(m) != m {
+				return p, t.errAt(scol, "gpu_spec: %q has an empty or padded model name (want models joined by |)", spec)
+			}
+			p.Models = append(p.Models, m)
+		}
+	}
+	return p, nil
+}
+
+// cpuMemory reads the cpu_milli and memory_mib columns both lists have.
+func (t *table) cpuMemory() (cpuMilli, memoryMiB int64, err error) {
+	if cpuMilli, err = t.int("cpu_milli", 0, 1<<40); err != nil {
+		return 0, 0, err
+	}
+	if memoryMiB, err = t.int("memory_mib", 0, 1<<40); err != nil {
+		return 0, 0, err
+	}
+	return cpuMilli, memoryMiB, nil
+}
+
+// load opens path and reads it with read.
+func load[T any](path string, read func(string, io.Reader) ([]T, error)) ([]T, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err // os names the path
 	}
 	defer f.Close()
-	return ReadPods(path, f)
+	return read(path, f)
 }
 
-// ReadPods reads a pod list from r; name is the file's name in errors.
-func ReadPods(name string, r io.Reader) ([]Pod, error) {
-	t, err := newTable(name, r, podColumns)
+// readRows reads a table of columns from r, one T a row, with unique
+// names (seen); none at all is an error naming what.
+func readRows[T any](name string, r io.Reader, columns []string, what string, row func(*table, map[string]int) (T, error)) ([]T, error) {
+	t, err := newTable(name, r, columns)
 	if err != nil {
 		return nil, err
 	}
-	var pods []Pod
+	var out []T
 	seen := map[string]int{}
 	for {
 		if err := t.next(); err == io.EOF {
@@ -258,47 +291,16 @@ func ReadPods(name string, r io.Reader) ([]Pod, error) {
 		} else if err != nil {
 			return nil, err
 		}
-		var p Pod
-		if p.Name, err = t.name("name", "pod", seen); err != nil {
-			return nil, err
-		}
-		if p.CPUMilli, err = t.int("cpu_milli", 0, 1<<40); err != nil {
-			return nil, err
-		}
-		if p.MemoryMiB, err = t.int("memory_mib", 0, 1<<40); err != nil {
-			return nil, err
-		}
-		ng, err := t.int("num_gpu", 0, 1024)
+		v, err := row(t, seen)
 		if err != nil {
 			return nil, err
 		}
-		gm, err := t.int("gpu_milli", 0, packing.MilliPerGPU)
-		if err != nil {
-			return nil, err
-		}
-		p.NumGPU, p.GPUMilli = int(ng), int(gm)
-		switch {
-		case p.NumGPU == 0 && p.GPUMilli != 0:
-			return nil, t.errAt(t.col["gpu_milli"], "gpu_milli: %d with num_gpu 0", p.GPUMilli)
-		case p.NumGPU > 0 && p.GPUMilli == 0:
-			return nil, t.errAt(t.col["gpu_milli"], "gpu_milli: 0 with num_gpu %d", p.NumGPU)
-		case p.NumGPU > 1 && p.GPUMilli != packing.MilliPerGPU:
-			return nil, t.errAt(t.col["gpu_milli"], "gpu_milli: %d with num_gpu %d (only a single-GPU pod may take a fraction)", p.GPUMilli, p.NumGPU)
-		}
-		if spec, scol := t.field("gpu_spec"); spec != "" {
-			for _, m := range strings.Split(spec, "|") {
-				if m == "" || strings.TrimSpace(m) != m {
-					return nil, t.errAt(scol, "gpu_spec: %q has an empty or padded model name (want models joined by |)", spec)
-				}
-				p.Models = append(p.Models, m)
-			}
-		}
-		pods = append(pods, p)
+		out = append(out, v)
 	}
-	if len(pods) == 0 {
-		return nil, fmt.Errorf("%s: no pods", name)
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no %s", name, what)
 	}
-	return pods, nil
+	return out, nil
 }
 
 // UnknownModels lists the GPU models that GPU pods' gpu_spec names but no
