@@ -200,19 +200,7 @@ func (s *session) markPipelined(res *Result, bound, held []*podState) {
 		}
 		for _, v := range n.victims {
 			if v.origNode == n && !v.atOrig {
-				t.cpu += v.req.CPU
-				t.mem += v.req.Memory
-				for i, x := range v.other {
-					t.other[i] += x
-				}
-				for i, gi := range v.origGPUs {
-					g := &t.gpus[gi]
-					g.pods++
-					g.usedMilli += v.origMilli[i]
-					g.usedMem += v.origMem[i]
-					g.addFraction(&v.req, v.origMilli[i], v.origMem[i], 1)
-					g.sharing = v.origShare
-				}
+				t.addAt(v, v.origGPUs, v.origMilli, v.origMem, v.origShare)
 			}
 		}
 		if tr == nil {
@@ -259,19 +247,23 @@ func (t *transit) remove(p *podState) {
 	}
 }
 
-func (t *transit) add(p *podState) {
+func (t *transit) add(p *podState) { t.addAt(p, p.gpus, p.gpuMilli, p.gpuMem, p.sharing) }
+
+// addAt adds p's use with its GPUs' part given: where it is now (add) or
+// where a victim was (put back).
+func (t *transit) addAt(p *podState, gpus []int, milli, mem []int64, sharing Sharing) {
 	t.cpu += p.req.CPU
 	t.mem += p.req.Memory
 	for i, x := range p.other {
 		t.other[i] += x
 	}
-	for i, gi := range p.gpus {
+	for i, gi := range gpus {
 		g := &t.gpus[gi]
 		g.pods++
-		g.usedMilli += p.gpuMilli[i]
-		g.usedMem += p.gpuMem[i]
-		g.addFraction(&p.req, p.gpuMilli[i], p.gpuMem[i], 1)
-		g.sharing = p.sharing
+		g.usedMilli += milli[i]
+		g.usedMem += mem[i]
+		g.addFraction(&p.req, milli[i], mem[i], 1)
+		g.sharing = sharing
 	}
 }
 
