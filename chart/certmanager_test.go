@@ -1,7 +1,6 @@
 package chart
 
 import (
-	"context"
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
@@ -23,7 +22,6 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/tessera-gpu/tessera/internal/crdapply"
-	"github.com/tessera-gpu/tessera/test/controlplane"
 )
 
 // certManagerModule is the cert-manager release whose CRDs the test
@@ -65,15 +63,10 @@ func certManagerCRDs(t *testing.T) []*unstructured.Unstructured {
 func TestChartCertManagerOnAPIServer(t *testing.T) {
 	helm(t)
 	crds := certManagerCRDs(t)
-	cp := controlplane.Start(t, controlplane.Options{NoControllerManager: true})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	client := cp.Client(t)
+	ctx, cp, client := releaseAPIServer(t)
 	dyn, err := dynamic.NewForConfig(cp.AdminConfig)
 	require.NoError(t, err)
 	require.NoError(t, crdapply.Apply(ctx, dyn, crds, time.Minute))
-	_, err = client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
-	require.NoError(t, err)
 
 	out := runHelm(t, "template", "tessera", chartDir, "--namespace", namespace, "--include-crds",
 		"-f", "../demo/kind/values.yaml", "--set", "controller.webhook.certManager.enabled=true")

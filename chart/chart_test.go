@@ -381,29 +381,46 @@ func decodeAll(t *testing.T, data []byte) []runtime.Object {
 	return out
 }
 
+// releaseAPIServer starts an API server (no controller manager) with the
+// release namespace, a context for the test's calls to it and an admin
+// client.
+func releaseAPIServer(t *testing.T) (context.Context, *controlplane.ControlPlane, kubernetes.Interface) {
+	t.Helper()
+	cp := controlplane.Start(t, controlplane.Options{NoControllerManager: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	client := cp.Client(t)
+	_, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	return ctx, cp, client
+}
+
+// serviceAccountConfig is the admin's config impersonating the release's
+// ServiceAccount name as a token of it authenticates, with extra (the
+// node a pod-bound token names).
+func serviceAccountConfig(cp *controlplane.ControlPlane, name string, extra map[string][]string) *rest.Config {
+	cfg := rest.CopyConfig(cp.AdminConfig)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + namespace + ":" + name,
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+		Extra:    extra,
+	}
+	return cfg
+}
+
 // TestChartOnAPIServer creates every rendered object on a real API server
 // (CRDs first, as helm does), so schema errors show, and checks that the
 // admission policy keeps tessera-node to its own node's ResourceSlices.
 func TestChartOnAPIServer(t *testing.T) {
 	helm(t)
-	cp := controlplane.Start(t, controlplane.Options{NoControllerManager: true})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	client := cp.Client(t)
-	_, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	ctx, cp, client := releaseAPIServer(t)
 
 	out := runHelm(t, "template", "tessera", chartDir, "--namespace", namespace, "--include-crds", "-f", "../demo/kind/values.yaml")
 	createRendered(ctx, t, cp, out)
 
 	// tessera-node's identity, as a pod-bound token on node n1 carries it.
-	nodeCfg := rest.CopyConfig(cp.AdminConfig)
-	nodeCfg.Impersonate = rest.ImpersonationConfig{
-		UserName: "system:serviceaccount:" + namespace + ":tessera-node",
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
-		Extra:    map[string][]string{"authentication.kubernetes.io/node-name": {"n1"}},
-	}
-	nodeClient, err := kubernetes.NewForConfig(nodeCfg)
+	nodeClient, err := kubernetes.NewForConfig(serviceAccountConfig(cp, "tessera-node",
+		map[string][]string{"authentication.kubernetes.io/node-name": {"n1"}}))
 	require.NoError(t, err)
 	slice := func(node string) *resourceapi.ResourceSlice {
 		return &resourceapi.ResourceSlice{
@@ -429,12 +446,7 @@ func TestChartOnAPIServer(t *testing.T) {
 	require.NoError(t, nodeClient.ResourceV1().ResourceSlices().Delete(ctx, own.Name, metav1.DeleteOptions{}))
 
 	// The controller's identity can take its Lease in the release namespace.
-	ctrlCfg := rest.CopyConfig(cp.AdminConfig)
-	ctrlCfg.Impersonate = rest.ImpersonationConfig{
-		UserName: "system:serviceaccount:" + namespace + ":tessera-controller",
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
-	}
-	ctrlClient, err := kubernetes.NewForConfig(ctrlCfg)
+	ctrlClient, err := kubernetes.NewForConfig(serviceAccountConfig(cp, "tessera-controller", nil))
 	require.NoError(t, err)
 	_, err = ctrlClient.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
 	require.NoError(t, err)
@@ -745,21 +757,11 @@ func TestHelmShadow(t *testing.T) {
 // release namespace but may not bind, evict or write events.
 func TestChartShadowOnAPIServer(t *testing.T) {
 	helm(t)
-	cp := controlplane.Start(t, controlplane.Options{NoControllerManager: true})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	client := cp.Client(t)
-	_, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	ctx, cp, _ := releaseAPIServer(t)
 	out := runHelm(t, "template", "tessera", chartDir, "--namespace", namespace, "--include-crds", "--set", "controller.shadow.enabled=true")
 	createRendered(ctx, t, cp, out)
 
-	cfg := rest.CopyConfig(cp.AdminConfig)
-	cfg.Impersonate = rest.ImpersonationConfig{
-		UserName: "system:serviceaccount:" + namespace + ":tessera-shadow",
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
-	}
-	sa, err := kubernetes.NewForConfig(cfg)
+	sa, err := kubernetes.NewForConfig(serviceAccountConfig(cp, "tessera-shadow", nil))
 	require.NoError(t, err)
 	_, err = sa.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
 	require.NoError(t, err)
