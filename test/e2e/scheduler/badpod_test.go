@@ -135,18 +135,7 @@ func (e *env) tryHugeClaimPod(name string) bool {
 		e.t.Logf("the API refuses a claim asking for 1e100 bytes: %v", err)
 		return false
 	}
-	pod := &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
-		Spec: v1.PodSpec{
-			SchedulerName:  kube.SchedulerName,
-			Containers:     []v1.Container{{Name: "main", Image: "busybox", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}},
-			Tolerations:    []v1.Toleration{{Key: "kwok.x-k8s.io/node", Operator: v1.TolerationOpExists}},
-			ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmpl.Name}},
-		},
-	}
-	if _, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, pod, metav1.CreateOptions{}); err != nil {
-		e.t.Fatalf("creating pod %s: %v", name, err)
-	}
+	e.createPod(podSpec{name: name, claimTemplate: tmpl.Name})
 	return true
 }
 

@@ -150,6 +150,9 @@ type podSpec struct {
 	// upstreamGroup is a scheduling.k8s.io PodGroup (spec.schedulingGroup).
 	upstreamGroup string
 	claim         *gpuClaim
+	// claimTemplate names an existing ResourceClaimTemplate for the pod's
+	// claim "gpu" (instead of claim).
+	claimTemplate string
 	cpu           string
 	tolerate      string          // a NoSchedule taint key to tolerate
 	tolerateSoft  string          // a PreferNoSchedule taint key to tolerate
@@ -213,7 +216,10 @@ func (e *env) createPod(p podSpec) *v1.Pod {
 		pod.Spec.Volumes = []v1.Volume{{Name: "data", VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: p.pvc}}}}
 	}
 	if c := p.claim; c != nil {
-		tmpl := e.claimTemplate(p.name, *c)
+		p.claimTemplate = e.claimTemplate(p.name, *c)
+	}
+	if p.claimTemplate != "" {
+		tmpl := p.claimTemplate
 		pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmpl}}
 		pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
 	}

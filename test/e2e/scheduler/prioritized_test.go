@@ -5,12 +5,10 @@ import (
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-gpu/tessera/controller/core"
-	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/driver/deviceclasses"
 )
 
@@ -35,18 +33,7 @@ func (e *env) createFirstAvailablePod(name string) {
 	if reqs := got.Spec.Spec.Devices.Requests; len(reqs) != 1 || len(reqs[0].FirstAvailable) != 2 {
 		e.t.Fatalf("the API server dropped firstAvailable (DRAPrioritizedList off?): %+v", reqs)
 	}
-	pod := &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
-		Spec: v1.PodSpec{
-			SchedulerName:  kube.SchedulerName,
-			Containers:     []v1.Container{{Name: "main", Image: "busybox", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}},
-			Tolerations:    []v1.Toleration{{Key: "kwok.x-k8s.io/node", Operator: v1.TolerationOpExists}},
-			ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmpl.Name}},
-		},
-	}
-	if _, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, pod, metav1.CreateOptions{}); err != nil {
-		e.t.Fatalf("creating pod %s: %v", name, err)
-	}
+	e.createPod(podSpec{name: name, claimTemplate: tmpl.Name})
 }
 
 // TestPrioritizedList: a claim "2 GPUs, else 1" gets 1 on a node with one
