@@ -34,6 +34,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/restmapper"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
 	"github.com/tessera-gpu/tessera/cmd/kubectl-tessera/ctl"
 	"github.com/tessera-gpu/tessera/demo/examples"
@@ -648,20 +649,12 @@ func (d *demo) devices(ctx context.Context, pod *corev1.Pod) ([]string, error) {
 			names = append(names, s)
 		}
 	}
-	for _, rc := range pod.Spec.ResourceClaims {
-		name := ""
-		if rc.ResourceClaimName != nil {
-			name = *rc.ResourceClaimName
+	for i := range pod.Spec.ResourceClaims {
+		name, _, err := resourceclaim.Name(pod, &pod.Spec.ResourceClaims[i])
+		if err != nil || name == nil {
+			continue // not made (yet)
 		}
-		for _, s := range pod.Status.ResourceClaimStatuses {
-			if s.Name == rc.Name && s.ResourceClaimName != nil {
-				name = *s.ResourceClaimName
-			}
-		}
-		if name == "" {
-			continue
-		}
-		claim, err := d.client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
+		claim, err := d.client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, *name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			continue
 		} else if err != nil {

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
 	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
 	"github.com/tessera-gpu/tessera/controller/kube"
@@ -325,18 +326,10 @@ func ours(p *corev1.Pod) bool {
 // claim from a template whose name the pod's status does not give yet.
 func podClaimNames(p *corev1.Pod) []string {
 	var out []string
-	for _, rc := range p.Spec.ResourceClaims {
+	for i := range p.Spec.ResourceClaims {
 		name := ""
-		if rc.ResourceClaimName != nil {
-			name = *rc.ResourceClaimName
-		}
-		for _, st := range p.Status.ResourceClaimStatuses {
-			if st.Name == rc.Name && st.ResourceClaimName != nil {
-				name = *st.ResourceClaimName
-			}
-		}
-		if name != "" {
-			name = p.Namespace + "/" + name
+		if n, _, err := resourceclaim.Name(p, &p.Spec.ResourceClaims[i]); err == nil && n != nil {
+			name = p.Namespace + "/" + *n
 		}
 		out = append(out, name)
 	}
