@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -425,11 +424,11 @@ func (d *demo) startController() error {
 	}); err != nil {
 		return err
 	}
-	metrics, err := freeAddr()
+	metrics, err := framework.FreeAddr()
 	if err != nil {
 		return err
 	}
-	health, err := freeAddr()
+	health, err := framework.FreeAddr()
 	if err != nil {
 		return err
 	}
@@ -459,15 +458,6 @@ func (d *demo) startController() error {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, resp.Status
 	})
-}
-
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 // apply creates the example manifests whose file names pass keep, in name order.

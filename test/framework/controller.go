@@ -87,7 +87,7 @@ func StartController(t testing.TB, cp *controlplane.ControlPlane, opts Controlle
 		cfg = cp.UserConfig(opts.User[0], opts.User[1:]...)
 	}
 	kubeconfig := cp.WriteKubeconfig(t, cfg)
-	addr, err := freePort()
+	addr, err := FreeAddr()
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
@@ -107,7 +107,9 @@ func StartController(t testing.TB, cp *controlplane.ControlPlane, opts Controlle
 	return &Controller{Child: c, MetricsAddr: addr}
 }
 
-func freePort() (string, error) {
+// FreeAddr is a loopback address with a port free now, for a process to
+// listen on.
+func FreeAddr() (string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", fmt.Errorf("finding a free loopback port: %w", err)

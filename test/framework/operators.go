@@ -208,7 +208,7 @@ func StartOperatorIn(t testing.TB, cp *controlplane.ControlPlane, operatorsDir, 
 
 func mustFreePort(t testing.TB) string {
 	t.Helper()
-	addr, err := freePort()
+	addr, err := FreeAddr()
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
