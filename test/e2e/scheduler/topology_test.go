@@ -195,24 +195,42 @@ func TestTopologyGangs(t *testing.T) {
 	e.checkNoDoubleAllocation()
 }
 
-// TestTopologyReclaim: queue low fills the 16 GPUs with preemptible pods;
-// queue high (quota 4) asks for a gang of 4 GPUs in one rack. Reclaim
-// evicts the pods of one rack, no other, and the gang runs there.
+// TestTopologyReclaim: queue low fills the 16 GPUs (4 racks of 4) with
+// preemptible pods, the newest of them one per rack, so they come first
+// in victim order; queue high (quota 4) asks for a gang of 4 GPUs in one
+// rack. Topology-blind reclaim would take the 4 newest, one in each rack,
+// and spread the gang over all four; with the rack required it evicts the
+// 4 pods of one rack, no other, and the gang runs there.
 func TestTopologyReclaim(t *testing.T) {
 	e := newEnv(t)
-	e.addRackNodes()
+	racks := e.addRackNodes()
 	e.createQueue("low", "", "0", "", 100)
 	e.createQueue("high", "", "4", "", 100)
 	e.startScheduler(core.Config{})
-	low := podNames("low", 16)
-	for _, n := range low {
-		e.createPod(podSpec{name: n, queue: "low", priority: "tessera-train", claim: &gpuClaim{}})
-	}
-	e.waitBound(low...)
 	where := map[string]string{}
-	for _, n := range low {
-		where[n] = e.pod(n).Spec.NodeName
+	place := func(name, node string) {
+		e.createPod(podSpec{name: name, queue: "low", priority: "tessera-train", claim: &gpuClaim{},
+			nodeSelector: map[string]string{"kubernetes.io/hostname": node}})
+		where[name] = node
 	}
+	var old, newest []string
+	for d, nodes := range racks {
+		r := strings.ReplaceAll(d, "/", "-")
+		for i, node := range []string{nodes[0], nodes[0], nodes[1]} {
+			place(fmt.Sprintf("old-%s-%d", r, i), node)
+			old = append(old, fmt.Sprintf("old-%s-%d", r, i))
+		}
+	}
+	e.waitBound(old...)
+	// Victim order takes the newest job first; creation times have a
+	// resolution of one second.
+	time.Sleep(1100 * time.Millisecond)
+	for d, nodes := range racks {
+		n := "new-" + strings.ReplaceAll(d, "/", "-")
+		place(n, nodes[1])
+		newest = append(newest, n)
+	}
+	e.waitBound(newest...)
 	if err := e.createTopoGroup("gang", "high", 4, map[string]any{"name": "dc", "required": labelRack}); err != nil {
 		t.Fatal(err)
 	}
@@ -223,15 +241,16 @@ func TestTopologyReclaim(t *testing.T) {
 	e.waitBound(gang...)
 	domains := e.domainsOf(gang...)
 	if len(domains) != 1 {
-		t.Fatalf("required-rack gang placed in %v", domains)
+		t.Fatalf("required-rack gang placed in racks %v, want one (topology-blind reclaim spreads it over the 4 newest pods' racks)", domains)
 	}
-	// Every evicted pod was in the gang's rack.
-	for _, n := range low {
+	// Exactly the 4 pods of the gang's rack were evicted.
+	var evicted []string
+	for _, n := range append(old, newest...) {
 		p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, n, metav1.GetOptions{})
-		gone := err != nil || p.DeletionTimestamp != nil || p.Status.Phase == v1.PodFailed
-		if !gone {
+		if gone := err != nil || p.DeletionTimestamp != nil || p.Status.Phase == v1.PodFailed; !gone {
 			continue
 		}
+		evicted = append(evicted, n)
 		node, err := e.client.CoreV1().Nodes().Get(e.ctx, where[n], metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -240,6 +259,10 @@ func TestTopologyReclaim(t *testing.T) {
 			t.Errorf("%s evicted in %s, outside the gang's rack %v", n, d, domains)
 		}
 	}
+	if len(evicted) != 4 {
+		t.Errorf("evicted %v, want the 4 pods of one rack", evicted)
+	}
+	e.checkNoDoubleAllocation()
 }
 
 // TestCliqueTopology: gb200-nvl72 nodes in two NVLink cliques label
