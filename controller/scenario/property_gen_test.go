@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 const pgGi = int64(1) << 30
@@ -75,6 +76,11 @@ type pgQueue struct {
 	prio   int
 	res    [3]pgRes
 	line   string
+	// prot is the queue's preemptMinRuntime, reclaimMinRuntime and
+	// preemptionDelay in seconds, -1 where it inherits (genTime).
+	prot [3]int64
+	// wins is its schedule (timed runs only), in order.
+	wins []pgWin
 }
 
 func (q *pgQueue) leaf() bool { return len(q.kids) == 0 }
@@ -149,6 +155,9 @@ type pgJob struct {
 	// required is the level of dc the job requires ("zone", "rack" or
 	// ""); subRequired the one each of its subgroups requires.
 	required, subRequired string
+	// runFor and arriveAt are the job's timed-run fields in seconds (0:
+	// none); createdAt is then the loader's, from arriveAt.
+	runFor, arriveAt int64
 }
 
 type pgSub struct {
@@ -194,6 +203,12 @@ type pgScenario struct {
 	yaml          string
 	// topology: the file has the topology dc (genTopology).
 	topology bool
+	// timed: a timed run of 1 s cycles, sc.cycles of them, starting at
+	// start on the wall clock; usage its config.usage (nil: none). All
+	// from genTime.
+	timed bool
+	start time.Time
+	usage *pgUsage
 }
 
 // pgGPUUse is a GPU's use by the running pods placed so far.
@@ -215,7 +230,10 @@ type pgGen struct {
 	sub *rand.Rand
 	// topo draws node labels and topology constraints, from its own
 	// stream in the same way.
-	topo     *rand.Rand
+	topo *rand.Rand
+	// tm draws time: protections, a timed run's schedules, usage history,
+	// run durations and arrivals (genTime), from its own stream too.
+	tm       *rand.Rand
 	sc       *pgScenario
 	use      map[string][]pgGPUUse
 	cpuUsed  map[string]int64
@@ -243,7 +261,7 @@ func (g *pgGen) shuffledNodes() []*pgNode {
 
 // generateProperty builds the scenario of one seed: its model and its YAML.
 func generateProperty(seed uint64) *pgScenario {
-	g := &pgGen{r: rand.New(rand.NewPCG(seed, 0x7e55e7a)), alt: rand.New(rand.NewPCG(seed, 0xa17e5)), sub: rand.New(rand.NewPCG(seed, 0x5b9)), topo: rand.New(rand.NewPCG(seed, 0x7090)), use: map[string][]pgGPUUse{}, cpuUsed: map[string]int64{}, memUsed: map[string]int64{}}
+	g := &pgGen{r: rand.New(rand.NewPCG(seed, 0x7e55e7a)), alt: rand.New(rand.NewPCG(seed, 0xa17e5)), sub: rand.New(rand.NewPCG(seed, 0x5b9)), topo: rand.New(rand.NewPCG(seed, 0x7090)), tm: rand.New(rand.NewPCG(seed, 0x71e)), use: map[string][]pgGPUUse{}, cpuUsed: map[string]int64{}, memUsed: map[string]int64{}}
 	sc := &pgScenario{seed: seed, name: fmt.Sprintf("property-%d", seed)}
 	if os.Getenv("TESSERA_PROPERTY_MODE") == "reclaim" {
 		g.reclaimy = true
@@ -262,6 +280,7 @@ func generateProperty(seed uint64) *pgScenario {
 	g.genQueues()
 	g.genJobs()
 	g.genTopology()
+	g.genTime()
 	sc.yaml = g.render()
 	return sc
 }
@@ -851,7 +870,12 @@ func (g *pgGen) render() string {
 	sc := g.sc
 	var b strings.Builder
 	fmt.Fprintf(&b, "# property test scenario, seed %d\n", sc.seed)
-	fmt.Fprintf(&b, "name: %s\ncycles: %d\n", sc.name, sc.cycles)
+	fmt.Fprintf(&b, "name: %s\n", sc.name)
+	if sc.timed {
+		fmt.Fprintf(&b, "time: {cycle: 1s, duration: %ds, start: %q}\n", sc.cycles, sc.start.Format(time.RFC3339))
+	} else {
+		fmt.Fprintf(&b, "cycles: %d\n", sc.cycles)
+	}
 	var cfg []string
 	if !sc.consolidation || g.chance(0.2) {
 		cfg = append(cfg, fmt.Sprintf("consolidation: %t", sc.consolidation))
@@ -860,6 +884,9 @@ func (g *pgGen) render() string {
 		cfg = append(cfg, "placement: spread")
 	} else if g.chance(0.1) {
 		cfg = append(cfg, "placement: binpack")
+	}
+	if u := sc.usage; u != nil {
+		cfg = append(cfg, fmt.Sprintf("usage: {halfLife: %ds, window: %ds, bucket: %ds, coefficient: %s}", u.halfLife, u.window, u.bucket, pgMilli(u.coef)))
 	}
 	if len(cfg) > 0 {
 		fmt.Fprintf(&b, "config: {%s}\n", strings.Join(cfg, ", "))

@@ -117,7 +117,8 @@ func TestProperty(t *testing.T) {
 	// Only when the seeds ran, not one picked with -run.
 	if ran >= propertySeedsShort {
 		for _, k := range []string{"bind allocate", "bind pipelined", "bind alternative", "evict preempt", "evict reclaim", "evict consolidate",
-			"fair share gpu", "fair share cpu", "fair share memory", "reclaim rule", "settle"} {
+			"fair share gpu", "fair share cpu", "fair share memory", "reclaim rule", "settle",
+			"fair share history gpu", "quota-floor in a window", "protection runtime", "protection delay"} {
 			if total[k] == 0 {
 				t.Errorf("no %q in %d seeds", k, ran)
 			}
@@ -286,7 +287,12 @@ type podView struct {
 	alt   int     // the request the placement holds (core.Placement's Alternative)
 }
 
-func (v podView) placed() bool { return v.state != StatePending }
+func (v podView) placed() bool {
+	return v.state == StateNominated || v.state == StateBound || v.state == StateRunning
+}
+
+// present says whether the pod is in the snapshot: arrived, not finished.
+func (v podView) present() bool { return v.state != StateArriving && v.state != StateSucceeded }
 
 type propChecker struct {
 	sc     *pgScenario
@@ -295,8 +301,14 @@ type propChecker struct {
 	nodes  map[string]*pgNode
 	queues map[string]*pgQueue
 	cycle  int
-	viols  []pViolation
-	seen   map[string]int // decisions and checks made, for the coverage guard
+	// now and wall are the cycle's clock and, in a timed run, the wall
+	// clock schedules read; usage the decayed usage the core got.
+	now, wall time.Time
+	usage     map[string]core.Resources
+	// started is when each placed pod started (noteStarts).
+	started map[string]time.Time
+	viols   []pViolation
+	seen    map[string]int // decisions and checks made, for the coverage guard
 }
 
 func (ck *propChecker) bad(inv, format string, args ...any) {
@@ -304,7 +316,16 @@ func (ck *propChecker) bad(inv, format string, args ...any) {
 }
 
 func newPropChecker(sc *pgScenario) *propChecker {
-	ck := &propChecker{sc: sc, pods: map[string]*pgPod{}, jobs: map[string]*pgJob{}, nodes: map[string]*pgNode{}, queues: map[string]*pgQueue{}, seen: map[string]int{}}
+	ck := &propChecker{sc: sc, pods: map[string]*pgPod{}, jobs: map[string]*pgJob{}, nodes: map[string]*pgNode{}, queues: map[string]*pgQueue{}, seen: map[string]int{},
+		started: map[string]time.Time{}, wall: sc.start}
+	// The run starts when the newest job present from the start was
+	// created; pods given running started then.
+	var start int64
+	for _, j := range sc.jobs {
+		if j.arriveAt == 0 {
+			start = max(start, j.createdAt)
+		}
+	}
 	for _, n := range sc.nodes {
 		ck.nodes[n.name] = n
 	}
@@ -315,6 +336,9 @@ func newPropChecker(sc *pgScenario) *propChecker {
 		ck.jobs[j.name] = j
 		for _, p := range j.pods {
 			ck.pods[p.name] = p
+			if p.runNode != "" {
+				ck.started[p.name] = simEpoch.Add(time.Duration(start) * time.Second)
+			}
 		}
 	}
 	return ck
@@ -341,11 +365,9 @@ func runProperty(sc *pgScenario) ([]pViolation, string, map[string]int) {
 	}
 
 	var trace bytes.Buffer
-	r := newRunner(spec, Options{Trace: &trace})
-	var newest int64
-	for _, j := range spec.Jobs {
-		newest = max(newest, j.CreatedAt)
-	}
+	// Every cycle runs (Step), so every cycle is checked; the runs that
+	// skip quiet cycles must give the same report (determinism, below).
+	r := newRunner(spec, Options{Trace: &trace, Step: true})
 	capture := func() map[string]podView {
 		m := make(map[string]podView, len(r.pods))
 		for _, p := range r.pods {
@@ -357,15 +379,19 @@ func runProperty(sc *pgScenario) ([]pViolation, string, map[string]int) {
 		}
 		return m
 	}
-	ck.checkState(capture(), "at the start")
+	ck.checkState(capture(), nil, "at the start")
 	var evictions []int
 	for c := 1; c <= spec.Cycles; c++ {
 		ck.cycle = c
-		before := capture()
 		nfail := len(r.failures)
-		// The time Run gives cycle c (run.go).
-		now := simEpoch.Add(time.Duration(newest+int64(c)) * time.Second)
-		if _, err := r.cycle(c, now); err != nil {
+		t, now := r.begin(c)
+		ck.now, ck.usage = now, r.usage
+		if sc.timed {
+			ck.wall = sc.start.Add(time.Duration(c-1) * time.Second)
+		}
+		before := capture()
+		quiet, err := r.cycle(c, now)
+		if err != nil {
 			ck.bad("engine", "%v", err)
 			break
 		}
@@ -374,7 +400,10 @@ func runProperty(sc *pgScenario) ([]pViolation, string, map[string]int) {
 		}
 		ck.checkCycle(before, capture(), r.last)
 		ck.checkTopologyEvictions(capture(), r.last)
+		ck.checkProtections(r.last, now)
+		ck.noteStarts(r.last, now)
 		evictions = append(evictions, len(r.last.Evictions))
+		r.end(c, t, now, quiet)
 	}
 	ck.cycle = 0
 
@@ -382,7 +411,9 @@ func runProperty(sc *pgScenario) ([]pViolation, string, map[string]int) {
 	// cycles the scheduler must stop evicting. A legitimate late eviction
 	// would be a stale gang (60 s = 60 cycles here, and the gang invariant
 	// keeps every gang whole), so none is expected within these runs.
-	if len(evictions) >= settleCycles {
+	// Time protections, windows, arrivals and usage history may each
+	// make evictions late in a run, so only runs without them settle.
+	if len(evictions) >= settleCycles && !sc.timeFeatures() {
 		ck.seen["settle"]++
 		tail := evictions[len(evictions)-settleQuiet:]
 		if slices.ContainsFunc(tail, func(n int) bool { return n > 0 }) {
@@ -416,7 +447,7 @@ func runProperty(sc *pgScenario) ([]pViolation, string, map[string]int) {
 func (ck *propChecker) checkSpec(s *Spec) bool {
 	ok := true
 	bad := func(format string, args ...any) { ck.bad("loader", format, args...); ok = false }
-	if s.Cycles != ck.sc.cycles || s.Consolidation != ck.sc.consolidation || (s.Placement == "spread") != ck.sc.spread {
+	if s.Cycles != ck.sc.cycles || s.Timed != ck.sc.timed || s.Timed && !s.Start.Equal(ck.sc.start) || s.Consolidation != ck.sc.consolidation || (s.Placement == "spread") != ck.sc.spread {
 		bad("cycles/config: %d %t %s", s.Cycles, s.Consolidation, s.Placement)
 	}
 	if len(s.Nodes) != len(ck.sc.nodes) {
@@ -446,7 +477,8 @@ func (ck *propChecker) checkSpec(s *Spec) bool {
 				bad("queue %s %s loaded as %+v, generated %+v", q.Name, pgResNames[r], got, want)
 			}
 		}
-		if q.Parent != parent || q.Priority != m.prio || q.Leaf != m.leaf() {
+		if q.Parent != parent || q.Priority != m.prio || q.Leaf != m.leaf() || len(q.Schedule) != len(m.wins) ||
+			[3]int64{q.PreemptMinRuntime, q.ReclaimMinRuntime, q.PreemptionDelay} != m.prot {
 			bad("queue %s loaded as %+v", q.Name, q)
 		}
 	}
@@ -454,7 +486,7 @@ func (ck *propChecker) checkSpec(s *Spec) bool {
 	for _, j := range s.Jobs {
 		m := ck.jobs[j.Name]
 		if m == nil || j.Queue != m.queue.name || j.Priority != m.prio || j.Preemptible != m.preempt || j.NeverEvicts != m.never ||
-			j.MinMember != m.minMember || j.CreatedAt != m.createdAt || len(j.Pods) != len(m.pods) {
+			j.MinMember != m.minMember || j.CreatedAt != m.createdAt || len(j.Pods) != len(m.pods) || j.RunFor != m.runFor || j.ArriveAt != m.arriveAt {
 			bad("job %s loaded as %+v", j.Name, j)
 			continue
 		}
@@ -700,8 +732,9 @@ func fmtRes(r int, v float64) string {
 	return formatBytes(int64(v))
 }
 
-// checkState is the end-of-cycle invariants 1–5 on one state.
-func (ck *propChecker) checkState(view map[string]podView, when string) {
+// checkState is the end-of-cycle invariants 1–5 on one state. prev is the
+// state the cycle started from (nil: the run's start).
+func (ck *propChecker) checkState(view, prev map[string]podView, when string) {
 	// 1, 2: capacity, one sharing mode per GPU.
 	ck.checkCapacity(ck.holders(view), when)
 
@@ -724,13 +757,25 @@ func (ck *propChecker) checkState(view map[string]podView, when string) {
 	np := ck.allocation(view, true)
 	// 5: every queue within its limits (the start is valid).
 	all := ck.allocation(view, false)
+	// A window that lowers a queue's quota or limit leaves what it holds
+	// above them: reclaim takes back what it may (preemptible pods, within
+	// the protections), so for a queue with a schedule the bound is that
+	// the cycle never adds to what is over.
+	var npPrev, allPrev map[*pgQueue]*qAlloc
+	if prev != nil {
+		npPrev, allPrev = ck.allocation(prev, true), ck.allocation(prev, false)
+	}
+	grew := func(a, b map[*pgQueue]*qAlloc, q *pgQueue, r int) bool {
+		return len(q.wins) == 0 || b != nil && a[q].get(r) > b[q].get(r)+1e-6
+	}
 	for _, q := range ck.sc.queues {
+		res := q.resAt(ck.wall)
 		for r := 0; r < 3; r++ {
-			if qu := q.res[r].quota; qu != -1 && over(np[q], r, qu) {
+			if qu := res[r].quota; qu != -1 && over(np[q], r, qu) && grew(np, npPrev, q, r) {
 				ck.bad("np-quota", "%s: queue %s's non-preemptible jobs hold %s %s, above its quota of %s", when, q.name,
 					fmtRes(r, np[q].get(r)), pgResNames[r], fmtRes(r, float64(qu)))
 			}
-			if l := q.res[r].limit; l != -1 && over(all[q], r, l) {
+			if l := res[r].limit; l != -1 && over(all[q], r, l) && grew(all, allPrev, q, r) {
 				ck.bad("limit", "%s: queue %s holds %s %s, above its limit of %s", when, q.name,
 					fmtRes(r, all[q].get(r)), pgResNames[r], fmtRes(r, float64(l)))
 			}
@@ -859,7 +904,7 @@ func (ck *propChecker) checkCycle(before, after map[string]podView, res *core.Re
 	}
 
 	// 1–5 on the state the cycle ends in.
-	ck.checkState(after, "at the cycle's end")
+	ck.checkState(after, before, "at the cycle's end")
 
 	ck.checkReclaimRule(before, res)
 	ck.checkHeld(before, res)
@@ -1132,16 +1177,17 @@ func (ck *propChecker) reclaimRuleHolds(view map[string]podView, res *core.Resul
 		}
 		within := func(q *pgQueue, bound int64) bool { return alloc[q].get(r) <= float64(bound)+slack(q) }
 		atOrAbove := func(q *pgQueue, bound int64) bool { return alloc[q].get(r)+slack(q) >= float64(bound) }
-		quotaWithin := func(q *pgQueue) bool { return q.res[r].quota == -1 || within(q, q.res[r].quota) }
+		quota := func(q *pgQueue) int64 { return q.resAt(ck.wall)[r].quota }
+		quotaWithin := func(q *pgQueue) bool { return quota(q) == -1 || within(q, quota(q)) }
 		shareOK := within(R, fs(R, r)) && within(Rp, fs(Rp, r)) && atOrAbove(Vp, fs(Vp, r))
-		quotaOK := quotaWithin(R) && quotaWithin(Rp) && Vp.res[r].quota != -1 && atOrAbove(Vp, Vp.res[r].quota)
+		quotaOK := quotaWithin(R) && quotaWithin(Rp) && quota(Vp) != -1 && atOrAbove(Vp, quota(Vp))
 		if shareOK || quotaOK {
 			return
 		}
 		why = append(why, fmt.Sprintf("%s: R %s %s (fair share %s, quota %s), R' %s %s (fair share %s, quota %s), V' %s %s (fair share %s, quota %s)",
-			pgResNames[r], R.name, fmtRes(r, alloc[R].get(r)), fmtRes(r, float64(fs(R, r))), fmtRes(r, float64(R.res[r].quota)),
-			Rp.name, fmtRes(r, alloc[Rp].get(r)), fmtRes(r, float64(fs(Rp, r))), fmtRes(r, float64(Rp.res[r].quota)),
-			Vp.name, fmtRes(r, alloc[Vp].get(r)), fmtRes(r, float64(fs(Vp, r))), fmtRes(r, float64(Vp.res[r].quota))))
+			pgResNames[r], R.name, fmtRes(r, alloc[R].get(r)), fmtRes(r, float64(fs(R, r))), fmtRes(r, float64(quota(R))),
+			Rp.name, fmtRes(r, alloc[Rp].get(r)), fmtRes(r, float64(fs(Rp, r))), fmtRes(r, float64(quota(Rp))),
+			Vp.name, fmtRes(r, alloc[Vp].get(r)), fmtRes(r, float64(fs(Vp, r))), fmtRes(r, float64(quota(Vp)))))
 	}
 	ck.bad("reclaim-rule", "job %s of queue %s reclaimed pods of queue %s, and after it neither branch of the rule holds on any resource it asks for: %s",
 		X.name, R.name, V.name, strings.Join(why, "; "))
@@ -1164,6 +1210,9 @@ func (ck *propChecker) checkFairShare(before map[string]podView, res *core.Resul
 	for _, j := range ck.sc.jobs {
 		for _, p := range j.pods {
 			v := before[p.name]
+			if !v.present() {
+				continue
+			}
 			// Demand is allocated + pending: a placed pod counts the request
 			// its placement holds, a pending one its own (core README,
 			// Alternatives).
@@ -1194,7 +1243,25 @@ func (ck *propChecker) checkFairShare(before map[string]podView, res *core.Resul
 			continue
 		}
 		ck.seen["fair share "+pgResNames[r]]++
-		want := oracleFairShare(ck.sc.queues, r, capacity[r], leafDemand[r])
+		var k int64
+		if ck.sc.usage != nil {
+			k = ck.sc.usage.coef
+		}
+		usage := map[*pgQueue]int64{}
+		for _, q := range ck.sc.queues {
+			if q.leaf() {
+				u := max(ck.usage[q.name][r], 0)
+				for _, a := range q.chain() {
+					usage[a] += u
+				}
+			}
+		}
+		o := fairOracle{res: func(q *pgQueue) [3]pgRes { return q.resAt(ck.wall) }, k: k, usage: usage}
+		if k > 0 && slices.ContainsFunc(ck.sc.queues, func(q *pgQueue) bool { return usage[q] > 0 }) {
+			ck.seen["fair share history "+pgResNames[r]]++
+		}
+		want, demand := o.share(ck.sc.queues, r, capacity[r], leafDemand[r])
+		ck.quotaFloor(r, capacity[r], res, demand)
 		for _, q := range ck.sc.queues {
 			st, ok := res.Queues[q.name]
 			if !ok {
@@ -1216,8 +1283,30 @@ func (ck *propChecker) checkFairShare(before map[string]podView, res *core.Resul
 // over quota); leftover units of a division go one at a time to children in
 // name order. Demand is allocated + pending, a parent's the sum of its
 // children's, each capped at the queue's own limit.
+//
+// With a usage coefficient k (thousandths) and usage (each queue's decayed
+// usage of r, a parent's its leaves' sum), the rest among equal priority
+// goes by DESIGN.md's "Fair share with history": weights w' = max(0,
+// ((1000+k)·e − k·u)/1000) from e = ⌊w·2^30/W⌋ and u = ⌊usage·2^30/U⌋ over
+// the children of weight above 0, then what those of w' above 0 could not
+// take by the plain weights; k = 0 or U = 0 is the plain rule.
 func oracleFairShare(queues []*pgQueue, r int, capacity int64, leafDemand map[*pgQueue]int64) map[*pgQueue]int64 {
-	demand := map[*pgQueue]int64{}
+	o := fairOracle{res: func(q *pgQueue) [3]pgRes { return q.res }}
+	share, _ := o.share(queues, r, capacity, leafDemand)
+	return share
+}
+
+// fairOracle is the fair-share oracle's settings: each queue's settings in
+// effect, the usage coefficient in thousandths and each queue's usage.
+type fairOracle struct {
+	res   func(q *pgQueue) [3]pgRes
+	k     int64
+	usage map[*pgQueue]int64
+}
+
+// share is the oracle: each queue's fair share of r, and its demand.
+func (o fairOracle) share(queues []*pgQueue, r int, capacity int64, leafDemand map[*pgQueue]int64) (share, demand map[*pgQueue]int64) {
+	demand = map[*pgQueue]int64{}
 	var dem func(q *pgQueue) int64
 	dem = func(q *pgQueue) int64 {
 		d := leafDemand[q]
@@ -1227,7 +1316,7 @@ func oracleFairShare(queues []*pgQueue, r int, capacity int64, leafDemand map[*p
 				d += dem(k)
 			}
 		}
-		if l := q.res[r].limit; l != -1 {
+		if l := o.res(q)[r].limit; l != -1 {
 			d = min(d, l)
 		}
 		demand[q] = d
@@ -1240,7 +1329,7 @@ func oracleFairShare(queues []*pgQueue, r int, capacity int64, leafDemand map[*p
 			dem(q)
 		}
 	}
-	share := map[*pgQueue]int64{}
+	share = map[*pgQueue]int64{}
 	var divide func(S int64, kids []*pgQueue)
 	divide = func(S int64, kids []*pgQueue) {
 		kids = slices.Clone(kids)
@@ -1249,7 +1338,7 @@ func oracleFairShare(queues []*pgQueue, r int, capacity int64, leafDemand map[*p
 		var sum int64
 		for i, k := range kids {
 			got[i] = demand[k]
-			if qu := k.res[r].quota; qu != -1 {
+			if qu := o.res(k)[r].quota; qu != -1 {
 				got[i] = min(got[i], qu)
 			}
 			sum += got[i]
@@ -1278,29 +1367,36 @@ func oracleFairShare(queues []*pgQueue, r int, capacity int64, leafDemand map[*p
 		}
 		slices.Sort(prios)
 		prios = slices.Compact(prios)
-		for pi := len(prios) - 1; pi >= 0 && rest > 0; pi-- {
+		plain := make([]int64, len(kids))
+		for i, k := range kids {
+			plain[i] = o.res(k)[r].weight
+		}
+		weights, history := o.historyWeights(kids, plain)
+		// fill water-fills rest among the children of priority p with a
+		// weight above 0 that want more.
+		fill := func(p int, w []int64) {
 			var act []int
 			for i, k := range kids {
-				if k.prio == prios[pi] && k.res[r].weight > 0 && got[i] < demand[k] {
+				if k.prio == p && w[i] > 0 && got[i] < demand[k] {
 					act = append(act, i)
 				}
 			}
 			for len(act) > 0 && rest > 0 {
 				var W int64
 				for _, i := range act {
-					W += kids[i].res[r].weight
+					W += w[i]
 				}
 				// The child with the least need per unit of weight is
 				// filled first if its proportional part covers its need.
 				best := act[0]
 				for _, i := range act[1:] {
 					ni, nb := demand[kids[i]]-got[i], demand[kids[best]]-got[best]
-					if pgLess(ni, kids[best].res[r].weight, nb, kids[i].res[r].weight) {
+					if pgLess(ni, w[best], nb, w[i]) {
 						best = i
 					}
 				}
 				need := demand[kids[best]] - got[best]
-				if !pgLess(rest, kids[best].res[r].weight, need, W) { // need/w ≤ rest/W
+				if !pgLess(rest, w[best], need, W) { // need/w ≤ rest/W
 					got[best] += need
 					rest -= need
 					act = slices.DeleteFunc(act, func(i int) bool { return i == best })
@@ -1308,7 +1404,7 @@ func oracleFairShare(queues []*pgQueue, r int, capacity int64, leafDemand map[*p
 				}
 				var given int64
 				for _, i := range act {
-					x := pgMulDiv(rest, kids[i].res[r].weight, W)
+					x := pgMulDiv(rest, w[i], W)
 					got[i] += x
 					given += x
 				}
@@ -1322,13 +1418,89 @@ func oracleFairShare(queues []*pgQueue, r int, capacity int64, leafDemand map[*p
 				rest = 0
 			}
 		}
+		for pi := len(prios) - 1; pi >= 0 && rest > 0; pi-- {
+			fill(prios[pi], weights)
+			if history {
+				fill(prios[pi], plain)
+			}
+		}
 		for i, k := range kids {
 			share[k] = got[i]
 			divide(got[i], k.kids)
 		}
 	}
 	divide(capacity, tops)
-	return share
+	return share, demand
+}
+
+// historyWeights is the children's over-quota weights with history, and
+// whether history applies (k > 0 and some usage among the children of
+// weight above 0).
+func (o fairOracle) historyWeights(kids []*pgQueue, plain []int64) ([]int64, bool) {
+	var W, U int64
+	for i, k := range kids {
+		if plain[i] > 0 {
+			W += plain[i]
+			U += o.usage[k]
+		}
+	}
+	if o.k == 0 || U == 0 {
+		return plain, false
+	}
+	out := make([]int64, len(kids))
+	for i, k := range kids {
+		if plain[i] == 0 {
+			continue
+		}
+		e := pgMulDiv(plain[i], 1<<30, W)
+		u := pgMulDiv(o.usage[k], 1<<30, U)
+		out[i] = max(0, ((1000+o.k)*e-o.k*u)/1000)
+	}
+	return out, true
+}
+
+// quotaFloor is the rule that fair share never takes a queue below the
+// quota in effect: each queue's share of r is at least min(quota, demand),
+// or, where its siblings' guarantees add up to more than their parent's
+// share, that scaled down in proportion (rounded down).
+func (ck *propChecker) quotaFloor(r int, capacity int64, res *core.Result, demand map[*pgQueue]int64) {
+	var check func(S int64, kids []*pgQueue)
+	check = func(S int64, kids []*pgQueue) {
+		g := make([]int64, len(kids))
+		var sum int64
+		for i, k := range kids {
+			g[i] = demand[k]
+			if qu := k.resAt(ck.wall)[r].quota; qu != -1 {
+				g[i] = min(g[i], qu)
+			}
+			sum += g[i]
+		}
+		for i, k := range kids {
+			st, ok := res.Queues[k.name]
+			if !ok {
+				continue // reported by checkFairShare
+			}
+			floor := g[i]
+			if sum > S {
+				floor = pgMulDiv(g[i], S, sum)
+			}
+			if got := st.FairShare[r]; got < floor {
+				ck.bad("quota-floor", "queue %s: %s fair share %s, below its guarantee %s (quota in effect %s, demand %s)", k.name, pgResNames[r],
+					fmtRes(r, float64(got)), fmtRes(r, float64(floor)), fmtRes(r, float64(k.resAt(ck.wall)[r].quota)), fmtRes(r, float64(demand[k])))
+			}
+			if len(k.wins) > 0 && k.resAt(ck.wall) != k.res {
+				ck.seen["quota-floor in a window"]++
+			}
+			check(st.FairShare[r], k.kids)
+		}
+	}
+	var tops []*pgQueue
+	for _, q := range ck.sc.queues {
+		if q.parent == nil {
+			tops = append(tops, q)
+		}
+	}
+	check(capacity, tops)
 }
 
 // pgMulDiv is a*b/c rounded down, for non-negative values, without overflow.

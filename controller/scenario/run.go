@@ -119,7 +119,6 @@ func Run(s *Spec, opts Options) *Report {
 // *CycleError and no report.
 func RunContext(ctx context.Context, s *Spec, opts Options) (*Report, error) {
 	r := newRunner(s, opts)
-	newest := runStart(s)
 	for c := 1; c <= s.Cycles; {
 		if err := ctx.Err(); err != nil {
 			return nil, &CycleError{Scenario: s.Name, Cycle: c, Cycles: s.Cycles, Err: err}
@@ -127,41 +126,60 @@ func RunContext(ctx context.Context, s *Spec, opts Options) (*Report, error) {
 		if opts.OnCycle != nil {
 			opts.OnCycle(c)
 		}
-		// Untimed, cycle c runs c seconds after the newest job was
-		// created; timed, (c-1) cycles after the run's start, so the run
-		// covers [0, duration).
-		t := int64(c)
-		if s.Timed {
-			t = int64(c-1) * s.CycleSeconds
-			r.advance(t)
-		}
-		now := simEpoch.Add(time.Duration(newest+t) * time.Second)
-		if s.Timed {
-			r.applySchedules(t)
-		}
-		if r.history != nil {
-			r.history.AdvanceTo(now)
-			r.usage = r.history.Decayed()
-		}
+		t, now := r.begin(c)
 		quiet, err := r.cycle(c, now)
 		if err != nil {
 			r.failures = append(r.failures, fmt.Sprintf("cycle %d: %v", c, err))
 			break
 		}
-		next := c + 1
-		if s.Timed {
-			if quiet && !opts.Step {
-				next = r.nextCycle(c, t, now)
-			}
-			t2 := min(int64(next-1)*s.CycleSeconds, s.Seconds())
-			r.fair.account(r, t, t2)
-			if r.history != nil {
-				r.history.Add(now, now.Add(timeDuration(t2-t)), r.held())
-			}
-		}
-		c = next
+		c = r.end(c, t, now, quiet)
 	}
 	return r.report(), nil
+}
+
+// begin brings the run to cycle c: its time t (seconds from the start) and
+// clock; a timed run's arrivals, finishes and schedule windows; the usage
+// the core reads.
+func (r *runner) begin(c int) (t int64, now time.Time) {
+	s := r.spec
+	// Untimed, cycle c runs c seconds after the newest job was created;
+	// timed, (c-1) cycles after the run's start, so the run covers [0,
+	// duration).
+	t = int64(c)
+	if s.Timed {
+		t = int64(c-1) * s.CycleSeconds
+		r.advance(t)
+	}
+	now = simEpoch.Add(time.Duration(runStart(s)+t) * time.Second)
+	if s.Timed {
+		r.applySchedules(t)
+	}
+	if r.history != nil {
+		r.history.AdvanceTo(now)
+		r.usage = r.history.Decayed()
+	}
+	return t, now
+}
+
+// end closes cycle c at t (quiet: it bound and evicted nothing) and returns
+// the cycle to run next: a timed run skips to the next event after a quiet
+// cycle (unless Options.Step), and counts what the queues held until then
+// for the fairness report and the usage history.
+func (r *runner) end(c int, t int64, now time.Time, quiet bool) int {
+	s := r.spec
+	next := c + 1
+	if !s.Timed {
+		return next
+	}
+	if quiet && !r.opts.Step {
+		next = r.nextCycle(c, t, now)
+	}
+	t2 := min(int64(next-1)*s.CycleSeconds, s.Seconds())
+	r.fair.account(r, t, t2)
+	if r.history != nil {
+		r.history.Add(now, now.Add(timeDuration(t2-t)), r.held())
+	}
+	return next
 }
 
 // runStart is when the run starts, in seconds from simEpoch: when the newest
