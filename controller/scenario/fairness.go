@@ -26,12 +26,33 @@ type fairness struct {
 	next     int64 // the next sample's time
 	samples  []FairnessSample
 	worst    map[string]deficit
+	// held is each queue's GPU settings integrated over the run so far (by
+	// index in spec.Queues): quota, limit and weight in effect × seconds,
+	// what entitlement divides by (Unlimited once unlimited for a while).
+	held []settingsTime
+}
+
+// settingsTime is a queue's GPU quota, limit and over-quota weight summed
+// over time: value × seconds for each stretch it was in effect; Unlimited
+// (-1) when the quota or limit was unlimited in any stretch.
+type settingsTime struct{ quota, limit, weight int64 }
+
+// add adds settings r held for d seconds.
+func (st settingsTime) add(r core.QueueResource, d int64) settingsTime {
+	sum := func(acc, v int64) int64 {
+		if acc == core.Unlimited || v == core.Unlimited {
+			return core.Unlimited
+		}
+		return min(acc+satMul(v, d), 1<<62)
+	}
+	return settingsTime{quota: sum(st.quota, r.Quota), limit: sum(st.limit, r.Limit), weight: sum(st.weight, r.OverQuotaWeight)}
 }
 
 type deficit struct{ amount, at int64 } // milli-GPU-seconds, seconds
 
 func newFairness(s *Spec) *fairness {
-	f := &fairness{spec: s, children: map[string][]int{}, received: map[string]int64{}, worst: map[string]deficit{}, next: s.SampleSeconds}
+	f := &fairness{spec: s, children: map[string][]int{}, received: map[string]int64{}, worst: map[string]deficit{}, next: s.SampleSeconds,
+		held: make([]settingsTime, len(s.Queues))}
 	var maxMem int64
 	for _, n := range s.Nodes {
 		f.capacity += int64(n.GPUs) * 1000
@@ -83,17 +104,27 @@ func (f *fairness) account(r *runner, t, t2 int64) {
 			}
 		}
 	}
+	// The settings the cycle at t ran with hold until t2: windows switch
+	// only at cycles (the run never skips past a boundary).
+	settingsFor := func(d int64) []settingsTime {
+		out := make([]settingsTime, len(f.held))
+		for i := range f.held {
+			out[i] = f.held[i].add(r.queues[i].Resources[core.ResGPU], d)
+		}
+		return out
+	}
 	for ; f.next <= t2; f.next += f.spec.SampleSeconds {
 		s := f.next
 		got := map[string]int64{}
 		for _, q := range f.leaves {
 			got[q] = f.received[q] + alloc[q]*(s-t)
 		}
-		f.sample(r, s, alloc, got)
+		f.sample(r, s, alloc, got, settingsFor(s-t))
 	}
 	for _, q := range f.leaves {
 		f.received[q] += alloc[q] * (t2 - t)
 	}
+	f.held = settingsFor(t2 - t)
 }
 
 // FairnessReport is a timed run's fairness (SCENARIOS.md, "Fairness"): GPU
@@ -140,8 +171,8 @@ type FairnessSampleQueue struct {
 	received, entitled int64 // milli-GPU-seconds
 }
 
-func (f *fairness) sample(r *runner, s int64, alloc, got map[string]int64) {
-	ent := f.entitled(s, got)
+func (f *fairness) sample(r *runner, s int64, alloc, got map[string]int64, held []settingsTime) {
+	ent := f.entitled(s, got, held)
 	fs := FairnessSample{Hour: hoursNumber(s * 1000), Queues: map[string]FairnessSampleQueue{}}
 	var x []float64
 	for _, q := range f.leaves {
@@ -194,11 +225,14 @@ func jain(x []float64) float64 {
 // entitled divides the GPU time all queues received by s among the leaf
 // queues by DESIGN.md's fair-share rule, applied to totals over [0, s): a
 // queue's demand is the GPU time its jobs asked for since they arrived
-// (each job's GPUs × min(runFor, time since it arrived)), its quota and
-// limit are per second, times s. So a queue that waited while others ran is
-// entitled to catch up, which today's rule, from each moment's demand alone,
-// does not give it.
-func (f *fairness) entitled(s int64, got map[string]int64) map[string]int64 {
+// (each job's GPUs × min(runFor, time since it arrived)); its quota, limit
+// and weight are those in effect summed over time (held: the quota in
+// effect × the seconds it was, over the stretches of its schedule's
+// windows and its own settings). So a queue that waited while others ran
+// is entitled to catch up, which today's rule, from each moment's demand
+// alone, does not give it, and a window's quota counts for as long as it
+// held.
+func (f *fairness) entitled(s int64, got map[string]int64, held []settingsTime) map[string]int64 {
 	demand := map[string]int64{}
 	for ji, j := range f.spec.Jobs {
 		if j.ArriveAt >= s {
@@ -215,30 +249,30 @@ func (f *fairness) entitled(s int64, got map[string]int64) map[string]int64 {
 		total += v
 	}
 	out := map[string]int64{}
-	f.sumDemand("", demand, s)
-	f.divide("", total, demand, s, out)
+	f.sumDemand("", demand, held)
+	f.divide("", total, demand, held, out)
 	return out
 }
 
 // sumDemand fills demand for parent queues (children's sum), each capped at
-// the queue's limit × s.
-func (f *fairness) sumDemand(q string, demand map[string]int64, s int64) {
+// the queue's limit over time.
+func (f *fairness) sumDemand(q string, demand map[string]int64, held []settingsTime) {
 	for _, i := range f.children[q] {
 		c := &f.spec.Queues[i]
 		if !c.Leaf {
-			f.sumDemand(c.Name, demand, s)
+			f.sumDemand(c.Name, demand, held)
 		}
-		if c.GPU.Limit != core.Unlimited {
-			demand[c.Name] = min(demand[c.Name], satMul(c.GPU.Limit, s))
+		if l := held[i].limit; l != core.Unlimited {
+			demand[c.Name] = min(demand[c.Name], l)
 		}
 		demand[q] += demand[c.Name]
 	}
 }
 
-// divide hands share to q's children: guarantees min(quota × s, demand),
-// scaled down in proportion when they exceed it, then the rest by priority
-// and over-quota weight, water-filled up to demand.
-func (f *fairness) divide(q string, share int64, demand map[string]int64, s int64, out map[string]int64) {
+// divide hands share to q's children: guarantees min(quota over time,
+// demand), scaled down in proportion when they exceed it, then the rest by
+// priority and over-quota weight over time, water-filled up to demand.
+func (f *fairness) divide(q string, share int64, demand map[string]int64, held []settingsTime, out map[string]int64) {
 	kids := f.children[q]
 	if len(kids) == 0 {
 		out[q] = share
@@ -249,8 +283,8 @@ func (f *fairness) divide(q string, share int64, demand map[string]int64, s int6
 	for k, i := range kids {
 		c := &f.spec.Queues[i]
 		got[k] = demand[c.Name]
-		if c.GPU.Quota != core.Unlimited {
-			got[k] = min(got[k], satMul(c.GPU.Quota, s))
+		if qu := held[i].quota; qu != core.Unlimited {
+			got[k] = min(got[k], qu)
 		}
 		sum += got[k]
 	}
@@ -270,7 +304,7 @@ func (f *fairness) divide(q string, share int64, demand map[string]int64, s int6
 			var w int64
 			for k, i := range kids {
 				if c := &f.spec.Queues[i]; c.Priority == p && got[k] < demand[c.Name] {
-					w += c.GPU.Weight
+					w = min(w+held[i].weight, 1<<62)
 				}
 			}
 			if w == 0 {
@@ -279,7 +313,7 @@ func (f *fairness) divide(q string, share int64, demand map[string]int64, s int6
 			given := int64(0)
 			for k, i := range kids {
 				if c := &f.spec.Queues[i]; c.Priority == p && got[k] < demand[c.Name] {
-					g := min(mulDiv(rest, c.GPU.Weight, w), demand[c.Name]-got[k])
+					g := min(mulDiv(rest, held[i].weight, w), demand[c.Name]-got[k])
 					got[k] += g
 					given += g
 				}
@@ -291,7 +325,7 @@ func (f *fairness) divide(q string, share int64, demand map[string]int64, s int6
 		}
 	}
 	for k, i := range kids {
-		f.divide(f.spec.Queues[i].Name, got[k], demand, s, out)
+		f.divide(f.spec.Queues[i].Name, got[k], demand, held, out)
 	}
 }
 

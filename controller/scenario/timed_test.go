@@ -190,3 +190,54 @@ func TestHistoryBringsBurstyTeamToEntitlement(t *testing.T) {
 			hist.Fairness.Jain, gap(hist, "bursty"), plain.Fairness.Jain, gap(plain, "bursty"))
 	}
 }
+
+// TestFairnessEntitlementFollowsWindows: the fairness report's entitlement
+// counts a window's quota and weight for as long as it holds. Queues a and
+// b each want the 4 GPUs of the node (4 one-GPU pods, preemptible) for the
+// whole run of 4 one-hour cycles; from 00:00 to 01:00 a's window gives it
+// quota 4 and weight 3, otherwise both have quota 0 and weight 1.
+//
+// By hand, with the window for an hour: cycle 1 (fair share a 4, b 0)
+// binds a 3 and b 1 (allocate takes free GPUs in job order); cycle 2 (2 and
+// 2) has b reclaim one of a's, whose GPU is idle until cycle 3 binds b's
+// pod: received a 3+2+2+2 = 9, b 1+1+2+2 = 6, 15 in all. Entitled: a's
+// quota over the run is 4 GPU × 1 h = 4 GPU hours, b's 0; the other 11 go
+// by weight over time, a 3 × 1 h + 1 × 3 h = 6, b 1 × 4 h = 4: a 4 + 6.6 =
+// 10.6, b 4.4. (Reading each queue's own settings, as before, gave 7.5
+// each.) Without the window the node splits 2 and 2 from the start, 8 and 8
+// entitled 8 and 8; with it all along, a reclaims one of b's pods in cycle
+// 2: a 3+3+4+4 = 14, b 1, and a's guarantee of 4 × 4 h = 16 exceeds the 15
+// received, so a is entitled to all 15.
+func TestFairnessEntitlementFollowsWindows(t *testing.T) {
+	const base = `time: {cycle: 1h, duration: 4h, sample: 4h, start: "2026-01-05T00:00:00Z"}
+nodes:
+- {name: dgx, gpus: 4}
+queues:
+- name: a
+%s- {name: b}
+jobs:
+- {name: a-job, queue: a, priority: 50, minMember: 1, pods: [{count: 4, gpu: 1}]}
+- {name: b-job, queue: b, priority: 50, minMember: 1, pods: [{count: 4, gpu: 1}]}
+`
+	for _, tc := range []struct {
+		name, window string
+		// received and entitled GPU hours of a and b.
+		want [4]string
+	}{
+		{"window for an hour", `  schedule: [{start: "00:00", end: "01:00", gpu: {quota: 4, overQuotaWeight: 3}}]` + "\n", [4]string{"9.000", "6.000", "10.600", "4.400"}},
+		{"no window", "", [4]string{"8.000", "8.000", "8.000", "8.000"}},
+		{"window all along", `  schedule: [{start: "00:00", end: "24:00", gpu: {quota: 4, overQuotaWeight: 3}}]` + "\n", [4]string{"14.000", "1.000", "15.000", "0.000"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := Run(loadOne(t, "name: w\n"+fmt.Sprintf(base, tc.window)), Options{})
+			if rep.Fairness == nil {
+				t.Fatal("no fairness report")
+			}
+			a, b := rep.Fairness.Queues["a"], rep.Fairness.Queues["b"]
+			got := [4]string{string(a.GPUHoursReceived), string(b.GPUHoursReceived), string(a.GPUHoursEntitled), string(b.GPUHoursEntitled)}
+			if got != tc.want {
+				t.Errorf("received a %s, b %s; entitled a %s, b %s; want %v", got[0], got[1], got[2], got[3], tc.want)
+			}
+		})
+	}
+}
