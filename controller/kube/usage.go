@@ -60,6 +60,9 @@ type usageKeeper struct {
 	rv        string
 	savedAt   time.Time
 	savedOpen time.Time // hist.Start at the last save
+	// recreate: the ConfigMap was deleted under a save; the next save
+	// creates it again and says so in an event.
+	recreate bool
 	// rejected is saved content that could not be read, kept in the next
 	// save so that nothing is lost without a person seeing it.
 	rejected []byte

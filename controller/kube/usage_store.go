@@ -193,16 +193,28 @@ func readQueueState(h *core.UsageHistory, held map[string]core.Resources, q stri
 	return nil
 }
 
-// load reads the saved history at a leader's first cycle. None saved, or
-// one that cannot be used (another bucket length, bad content: logged with
-// why, the content kept under usageRejectedKey), starts empty; a gap since
-// the save longer than MaxGap counts as nothing held. A failed read leaves
-// the history empty and unsaved, and is tried again next cycle.
+// load reads the saved history at a leader's first cycle, and again after
+// a save was refused for a conflict (someone else wrote the ConfigMap).
+// None saved, or one that cannot be used (another bucket length, bad
+// content: logged and told in a Warning event on the ConfigMap with why, the
+// content kept under usageRejectedKey), starts empty; a gap since the save
+// longer than MaxGap counts as nothing held. A re-read keeps the in-memory
+// history unless the saved one is a usable, newer one (another leader's):
+// a ConfigMap deleted, recreated empty, corrupted or holding an older copy
+// loses nothing, and the next save writes the in-memory history over it. A
+// failed read is tried again next cycle.
 func (u *usageKeeper) load(ctx context.Context, now time.Time) {
 	log := u.logger(ctx)
-	u.fresh(now)
+	had := u.hist != nil
+	if !had {
+		u.fresh(now)
+	}
 	cm, err := u.s.client.CoreV1().ConfigMaps(u.opts.Namespace).Get(ctx, u.opts.Name, metav1.GetOptions{})
 	switch {
+	case apierrors.IsNotFound(err) && had:
+		log.Info("Usage history ConfigMap is gone; saving the in-memory history again (nothing lost)", "through", u.last)
+		u.loaded, u.rv, u.savedAt, u.recreate = true, "", time.Time{}, true
+		return
 	case apierrors.IsNotFound(err):
 		log.Info("No usage history saved; starting one")
 		u.loaded, u.rv = true, ""
@@ -212,26 +224,94 @@ func (u *usageKeeper) load(ctx context.Context, now time.Time) {
 		return
 	}
 	u.loaded, u.rv, u.rejected = true, cm.ResourceVersion, nil
-	h, held, through, err := decodeUsage(cm.BinaryData[usageKey], u.opts.Config)
-	switch {
-	case err != nil:
-		log.Error(err, "Saved usage history cannot be used; starting over (the content is kept under "+usageRejectedKey+")")
-		if len(cm.BinaryData[usageKey]) <= maxUsageBytes/2 {
-			u.rejected = cm.BinaryData[usageKey]
-		}
-		return
-	case now.Sub(h.Start) > u.opts.Config.Window+u.opts.Config.Bucket:
-		log.Info("Saved usage history is older than the window; starting over", "saved", through)
-		return
-	case through.After(now.Add(u.opts.MaxGap)):
-		log.Info("Saved usage history is from the future (clocks apart?); starting over", "saved", through)
+	data, err := usageData(cm)
+	var h *core.UsageHistory
+	var held map[string]core.Resources
+	var through time.Time
+	if err == nil {
+		h, held, through, err = decodeUsage(data, u.opts.Config)
+	}
+	if err != nil {
+		u.reject(ctx, cm, err, had)
 		return
 	}
-	u.hist, u.last, u.held = h, through, held
+	if err := u.usable(h, through, now); err != nil {
+		if had {
+			log.Info("Saved usage history cannot be continued; keeping the in-memory history and saving it over the ConfigMap", "why", err.Error())
+			u.savedAt = time.Time{}
+		} else {
+			log.Info("Saved usage history cannot be continued; starting over", "why", err.Error())
+		}
+		return
+	}
+	switch {
+	case had && !through.After(u.last):
+		log.Info("Saved usage history is not newer than the in-memory one; keeping the in-memory history and saving it over the ConfigMap",
+			"saved", through, "inMemory", u.last)
+		u.savedAt = time.Time{}
+		return
+	}
+	u.hist, u.last, u.held, u.decayed = h, through, held, nil
 	if now.Sub(through) > u.opts.MaxGap {
 		u.held = map[string]core.Resources{}
 	}
 	log.Info("Continuing the saved usage history", "saved", through, "queues", len(h.Closed), "gap", now.Sub(through).Round(time.Second))
+}
+
+// usageData is the saved history's bytes; an error names what is missing.
+func usageData(cm *v1.ConfigMap) ([]byte, error) {
+	if data, ok := cm.BinaryData[usageKey]; ok {
+		return data, nil
+	}
+	var keys []string
+	for k := range cm.BinaryData {
+		keys = append(keys, "binaryData."+k)
+	}
+	for k := range cm.Data {
+		keys = append(keys, "data."+k)
+	}
+	sort.Strings(keys)
+	return nil, fmt.Errorf("no binaryData[%s] in the ConfigMap (it has %v)", usageKey, keys)
+}
+
+// usable says why a decoded history cannot be continued at now, or nil.
+func (u *usageKeeper) usable(h *core.UsageHistory, through, now time.Time) error {
+	switch {
+	case now.Sub(h.Start) > u.opts.Config.Window+u.opts.Config.Bucket:
+		return fmt.Errorf("%s: saved through %s, older than the window (%v)", usageKey, through.UTC().Format(time.RFC3339), u.opts.Config.Window)
+	case through.After(now.Add(u.opts.MaxGap)):
+		return fmt.Errorf("%s: saved through %s, in the future (clocks apart?)", usageKey, through.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// reject handles a saved history that cannot be used: the content is kept
+// under usageRejectedKey (when small enough) at the next save, and the log
+// and a Warning event on the ConfigMap say why and what was lost — the
+// saved usage at a leader's start, nothing when an in-memory history is
+// kept (had), which the next save writes over the ConfigMap.
+func (u *usageKeeper) reject(ctx context.Context, cm *v1.ConfigMap, why error, had bool) {
+	data := cm.BinaryData[usageKey]
+	if len(data) <= maxUsageBytes/2 {
+		u.rejected = data
+	}
+	kept := "the unreadable content is kept under binaryData[" + usageRejectedKey + "]"
+	switch {
+	case len(data) == 0:
+		kept = "there was no content to keep"
+	case u.rejected == nil:
+		kept = "the unreadable content is too large to keep and is dropped"
+	}
+	var msg string
+	if had {
+		u.savedAt = time.Time{}
+		msg = fmt.Sprintf("Saved usage history cannot be used: %v; nothing lost: the in-memory history (through %s) is saved over it; %s",
+			why, u.last.UTC().Format(time.RFC3339), kept)
+	} else {
+		msg = fmt.Sprintf("Saved usage history cannot be used: %v; starting over: the saved usage is lost; %s", why, kept)
+	}
+	u.logger(ctx).Error(why, msg)
+	u.s.recorder.Event(cm, v1.EventTypeWarning, "UsageHistoryRejected", msg)
 }
 
 // save writes the history when a bucket closed since the last save or
@@ -279,15 +359,20 @@ func (u *usageKeeper) save(ctx context.Context, now time.Time) {
 		u.loaded = false
 		return
 	case apierrors.IsNotFound(err):
-		// Deleted under us: create it again at the next save.
-		log.Info("Usage history ConfigMap was deleted; creating it again")
-		u.rv = ""
+		// Deleted under us: create it again at the next save (cycle).
+		log.Info("Usage history ConfigMap was deleted; creating it again from the in-memory history (nothing lost)", "through", u.last)
+		u.rv, u.recreate = "", true
 		return
 	case err != nil:
 		log.Error(err, "Saving the usage history; trying again next cycle")
 		return
 	}
 	u.rv, u.savedAt, u.savedOpen = out.ResourceVersion, now, u.hist.Start
+	if u.recreate {
+		u.recreate = false
+		u.s.recorder.Eventf(out, v1.EventTypeNormal, "UsageHistoryRecreated",
+			"The usage history ConfigMap was deleted; created again from the in-memory history (through %s): nothing lost", u.last.UTC().Format(time.RFC3339))
+	}
 	log.V(4).Info("Saved the usage history", "bytes", len(data), "through", u.last)
 }
 
@@ -310,4 +395,24 @@ func (u *usageKeeper) prune() {
 		delete(u.hist.Closed, q)
 		delete(u.hist.Open, q)
 	}
+}
+
+// SavedUsage reads a usage ConfigMap as a new leader with cfg would and
+// gives each queue's decayed usage of resource r, in the unit Queue status
+// and tessera_queue_usage show (GPU-seconds, CPU-seconds, byte-seconds): a
+// reader outside the package (tests, tools) need not know the format.
+func SavedUsage(cm *v1.ConfigMap, cfg core.UsageConfig, r core.Resource) (map[string]float64, error) {
+	data, err := usageData(cm)
+	if err != nil {
+		return nil, err
+	}
+	h, _, _, err := decodeUsage(data, cfg)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for q, u := range h.Decayed() {
+		out[q] = quantity(r, usageAmount(r, u[r]))
+	}
+	return out, nil
 }
