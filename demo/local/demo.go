@@ -20,7 +20,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -661,7 +660,7 @@ func (d *demo) devices(ctx context.Context, pod *corev1.Pod) ([]string, error) {
 		}
 		for _, r := range claim.Status.Allocation.Devices.Results {
 			s := r.Device
-			if m, ok := r.ConsumedCapacity[resourceapi.QualifiedName("memory")]; ok && mode != "" {
+			if m, ok := r.ConsumedCapacity[draname.CapacityMemory]; ok && mode != "" {
 				s += " (" + m.String() + " " + strings.ToUpper(mode) + ")"
 			}
 			names = append(names, s)

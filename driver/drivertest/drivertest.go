@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	gpuconfig "github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	"github.com/tessera-gpu/tessera/internal/draname"
 	"github.com/tessera-gpu/tessera/sharing"
 	resourceapi "k8s.io/api/resource/v1"
@@ -142,7 +143,7 @@ func running(pid int) bool {
 func Result(request, pool, device, memory string) resourceapi.DeviceRequestAllocationResult {
 	r := resourceapi.DeviceRequestAllocationResult{Request: request, Driver: draname.Driver, Pool: pool, Device: device}
 	if memory != "" {
-		r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(memory)}
+		r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{draname.CapacityMemory: resource.MustParse(memory)}
 		r.ShareID = ptr.To(uuid.NewUUID())
 	}
 	return r
@@ -162,7 +163,7 @@ func Config(source resourceapi.AllocationConfigSource, params string, requests .
 // Strategy is the class config of a sharing strategy.
 func Strategy(strategy string) resourceapi.DeviceAllocationConfiguration {
 	b, _ := json.Marshal(map[string]any{
-		"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuConfig",
+		"apiVersion": gpuconfig.APIVersion, "kind": gpuconfig.Kind,
 		"sharing": map[string]any{"strategy": strategy},
 	})
 	return Config(resourceapi.AllocationConfigSourceClass, string(b))

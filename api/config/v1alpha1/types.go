@@ -7,11 +7,14 @@ package v1alpha1
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/tessera-gpu/tessera/internal/draname"
 )
 
 const (
-	// GroupName is the API group of the opaque config; it is also the DRA driver name.
-	GroupName = "gpu.tessera.dev"
+	// GroupName is the API group of the opaque config: the DRA driver's
+	// name (internal/draname, the one definition both sides use).
+	GroupName = draname.Driver
 	// Version is this API version.
 	Version = "v1alpha1"
 	// Kind is the only kind of this API.
