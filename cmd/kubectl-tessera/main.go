@@ -37,6 +37,12 @@ func main() {
 	var rest []string
 	for len(args) > 0 {
 		rest = append(rest, args[0])
+		if rest[0] == "snapshot" {
+			// snapshot parses its own flags (-o, --address, ...): the
+			// plugin's own go before the command.
+			rest = append(rest, args[1:]...)
+			break
+		}
 		if err := fs.Parse(args[1:]); err != nil {
 			os.Exit(2)
 		}
@@ -64,7 +70,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := ctl.Run(ctx, ctl.Clients{Kube: kc, Dynamic: dc, Namespace: namespace, Shadow: shadow}, rest, os.Stdout); err != nil {
+	if err := ctl.Run(ctx, ctl.Clients{Kube: kc, Dynamic: dc, Namespace: namespace, Shadow: shadow, RestConfig: cfg}, rest, os.Stdout); err != nil {
 		fail(err)
 	}
 }

@@ -50,6 +50,8 @@ type options struct {
 	gpuResource     string
 	webhookAddr     string
 	webhookCertDir  string
+	debugAddr       string
+	debugCertDir    string
 	podGrouper      bool
 	// Usage history (controller/kube, usage.go).
 	usageHistory   bool
@@ -97,6 +99,8 @@ func bindFlags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&o.gpuResource, "gpu-resource-name", assignment.DefaultResourceGPU, "extended resource of whole GPUs that tessera-node's device plugin advertises; pods asking for it get GPUs through the device-plugin path")
 	fs.StringVar(&o.webhookAddr, "webhook-addr", "", "address of the admission webhook for the fraction annotations, served over TLS by every replica (empty: off)")
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/etc/tessera/webhook", "directory of the webhook's tls.crt and tls.key (read again when they change)")
+	fs.StringVar(&o.debugAddr, "debug-bind-address", "", "address of the HTTPS debug server: "+app.SnapshotPath+" serves the next cycle's snapshot to users the API server authenticates and RBAC allows (ClusterRole "+app.SnapshotReaderRole+"); empty: off")
+	fs.StringVar(&o.debugCertDir, "debug-cert-dir", "", "directory of the debug server's tls.crt and tls.key (empty: a self-signed pair made at start)")
 	fs.BoolVar(&o.podGrouper, "pod-grouper", true, "give pods of Jobs, JobSets, Kubeflow jobs, LeaderWorkerSets and Ray clusters that name no group the gang their workload needs (controller/grouper); such pods wait for it")
 	fs.BoolVar(&o.usageHistory, "usage-history", true, "keep each queue's decayed usage from what its pods held (Queue status, tessera_queue_usage), saved in a ConfigMap so a restart or failover continues it")
 	fs.DurationVar(&o.usageHalfLife, "usage-half-life", 24*time.Hour, "half-life of the usage history's decay (0: none)")
@@ -257,6 +261,8 @@ func (o *options) appConfig(rc *rest.Config) app.Config {
 		GPUResource:     o.gpuResource,
 		WebhookAddr:     o.webhookAddr,
 		WebhookCertDir:  o.webhookCertDir,
+		DebugAddr:       o.debugAddr,
+		DebugCertDir:    o.debugCertDir,
 		PodGrouper:      o.podGrouper && !o.shadow,
 		LeaderElect:     o.leaderElect,
 		LeaseNamespace:  o.leaseNamespace,

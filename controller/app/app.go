@@ -96,6 +96,13 @@ type Config struct {
 	WebhookAddr    string
 	WebhookCertDir string
 
+	// DebugAddr serves the cycle snapshot (SnapshotPath) over HTTPS to
+	// callers the API server authenticates and authorises (debug.go);
+	// "" = not served. DebugCertDir holds its tls.crt and tls.key; empty:
+	// a self-signed pair made at start.
+	DebugAddr    string
+	DebugCertDir string
+
 	// OnLeading, when set, is told each time this replica starts (true) or
 	// stops (false) leading; tests use it.
 	OnLeading func(leading bool)
@@ -118,6 +125,7 @@ type Controller struct {
 	// and fresh (fence.go); nil without leader election.
 	fence     *leaseFence
 	servers   []*httpServer
+	debug     *debugServer
 	webhook   *webhook.Server
 	grouper   *grouper.Grouper
 	startOnce sync.Once
@@ -203,7 +211,15 @@ func New(cfg Config) (*Controller, error) {
 			return nil, fmt.Errorf("app: %w", err)
 		}
 	}
+	if cfg.DebugAddr != "" {
+		if c.debug, err = c.newDebugServer(); err != nil {
+			return nil, err
+		}
+	}
 	if err := c.listen(); err != nil {
+		if c.debug != nil {
+			_ = c.debug.ln.Close()
+		}
 		return nil, err
 	}
 	return c, nil
@@ -249,6 +265,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer stopHTTP()
 	for _, s := range c.servers {
 		go s.serve(httpCtx)
+	}
+	if c.debug != nil {
+		go c.debug.serve(httpCtx)
 	}
 	if c.webhook != nil {
 		go func() {

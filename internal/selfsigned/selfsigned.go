@@ -1,5 +1,6 @@
-// Package selfsigned makes self-signed TLS certificates for tests (the
-// admission webhook served on loopback).
+// Package selfsigned makes self-signed TLS certificates: for tests (the
+// admission webhook served on loopback), and for tessera-controller's debug
+// server when it is given no certificate.
 package selfsigned
 
 import (
@@ -20,6 +21,12 @@ import (
 // addresses and DNS names, and its PEM key. The certificate is its own CA
 // (the caBundle a webhook configuration needs).
 func Generate(cn string, hosts ...string) (certPEM, keyPEM []byte, err error) {
+	return GenerateFor(cn, 24*time.Hour, hosts...)
+}
+
+// GenerateFor is Generate with a validity of validFor (tessera-controller's
+// debug server makes one for its lifetime when given no certificate).
+func GenerateFor(cn string, validFor time.Duration, hosts ...string) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
@@ -32,7 +39,7 @@ func Generate(cn string, hosts ...string) (certPEM, keyPEM []byte, err error) {
 		SerialNumber:          serial,
 		Subject:               pkix.Name{CommonName: cn},
 		NotBefore:             time.Now().Add(-time.Minute),
-		NotAfter:              time.Now().Add(24 * time.Hour),
+		NotAfter:              time.Now().Add(validFor),
 		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		BasicConstraintsValid: true,

@@ -32,6 +32,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	gpuconfig "github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
@@ -48,6 +49,9 @@ type Clients struct {
 	Namespace string
 	// Shadow says where `shadow` reads its report and how it prints it.
 	Shadow ShadowOptions
+	// RestConfig is the user's client configuration: snapshot presents
+	// its credentials to tessera-controller's debug server.
+	RestConfig *rest.Config
 }
 
 // Usage is the plugin's help.
@@ -59,6 +63,9 @@ const Usage = `kubectl tessera: what Tessera is doing with the cluster's GPUs
   kubectl tessera shadow        shadow mode's report: where Tessera would put the
                                 pods of other schedulers, fair shares, a takeover
                                 (-o json; --url, --controller-namespace)
+  kubectl tessera snapshot [-o FILE]
+                                the next scheduling cycle's exact input and decisions,
+                                from tessera-controller's debug server (tessera-sim replay)
 
 Flags: --kubeconfig, --context, -n/--namespace (as kubectl's)
 `
@@ -80,6 +87,8 @@ func Run(ctx context.Context, c Clients, args []string, out io.Writer) error {
 		return why(ctx, c, args[1], out)
 	case "shadow":
 		return shadow(ctx, c, out)
+	case "snapshot":
+		return snapshot(ctx, c, args[1:], out)
 	}
 	return fmt.Errorf("unknown command %q (queues, nodes, why POD, shadow)", args[0])
 }
@@ -244,7 +253,7 @@ func nodes(ctx context.Context, c Clients, out io.Writer) error {
 				u = &gpuUse{}
 				use[key] = u
 			}
-			if q, ok := r.ConsumedCapacity["memory"]; ok {
+			if q, ok := r.ConsumedCapacity[draname.CapacityMemory]; ok {
 				u.memory += q.Value()
 				if cfg, err := gpuconfig.ConfigForRequest(draname.Driver, cl.Status.Allocation.Devices.Config, r.Request); err == nil {
 					u.sharing = string(cfg.Strategy())

@@ -1,0 +1,201 @@
+package scheduler_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	authnv1 "k8s.io/api/authentication/v1"
+	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+
+	"github.com/tessera-gpu/tessera/cmd/kubectl-tessera/ctl"
+	"github.com/tessera-gpu/tessera/controller/app"
+	"github.com/tessera-gpu/tessera/controller/core"
+	"github.com/tessera-gpu/tessera/controller/kube"
+	"github.com/tessera-gpu/tessera/deploy/rbac"
+	"github.com/tessera-gpu/tessera/driver/deviceclasses"
+	"github.com/tessera-gpu/tessera/test/controlplane"
+	"github.com/tessera-gpu/tessera/test/framework"
+)
+
+// TestSnapshotEndpoint: tessera-controller, running as its ServiceAccount
+// under exactly deploy/rbac's grants, serves the cycle snapshot on its
+// HTTPS debug server to a user the ClusterRole tessera-snapshot-reader is
+// bound to, and refuses others (403 naming the role; 401 without a token).
+// `kubectl tessera snapshot` (ctl.Run, as a user would) writes the file, and
+// `tessera-sim replay` on it agrees with what the controller decided.
+func TestSnapshotEndpoint(t *testing.T) {
+	e := newEnv(t)
+	e.cp.CreateNamespace(t, rbac.Namespace)
+	if err := framework.ApplyControllerRBAC(e.ctx, e.client); err != nil {
+		t.Fatal(err)
+	}
+	e.addGPUNode("snap-0", "h100-sxm-8")
+	e.createQueue("team-a", "", "4", "", 100)
+	for i := 0; i < 3; i++ {
+		e.createPod(podSpec{name: fmt.Sprintf("a-%d", i), queue: "team-a", priority: "tessera-train", claim: &gpuClaim{}})
+	}
+	e.createPod(podSpec{name: "af-0", queue: "team-a", priority: "tessera-train", claim: &gpuClaim{class: deviceclasses.MPS, memory: "20Gi"}})
+	e.createPod(podSpec{name: "picky", queue: "team-a", claim: &gpuClaim{cel: `device.attributes["gpu.tessera.dev"].productName == "NVIDIA B200"`}})
+	for _, n := range []string{"a-0", "a-1", "a-2", "af-0", "picky"} {
+		e.waitClaim(n)
+	}
+	c := startDebugController(t, e)
+
+	reader := e.serviceAccountToken("snapshot-reader")
+	nobody := e.serviceAccountToken("nobody")
+	e.bindClusterRole(app.SnapshotReaderRole, "snapshot-reader")
+
+	// Refusals, straight at the endpoint.
+	for _, tc := range []struct {
+		name, token string
+		status      int
+		body        string
+	}{
+		{"no token", "", http.StatusUnauthorized, "bearer token"},
+		{"a forged token", "not-a-token", http.StatusUnauthorized, "bearer token"},
+		{"a user without the role", nobody, http.StatusForbidden, app.SnapshotReaderRole},
+	} {
+		status, body := getSnapshot(t, c.DebugAddr(), tc.token)
+		if status != tc.status || !strings.Contains(body, tc.body) {
+			t.Errorf("%s: got %d %q, want %d naming %q", tc.name, status, body, tc.status, tc.body)
+		}
+	}
+	// The plugin, as that user: a clear error naming the role.
+	err := ctl.Run(e.ctx, e.userClients(nobody), []string{"snapshot", "--address", c.DebugAddr(), "--insecure-skip-tls-verify"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "bind the ClusterRole "+app.SnapshotReaderRole) {
+		t.Errorf("kubectl tessera snapshot without the role: want an error naming %s, got %v", app.SnapshotReaderRole, err)
+	}
+
+	// The plugin, as a reader.
+	file := filepath.Join(t.TempDir(), "cluster.yaml")
+	var out bytes.Buffer
+	if err := ctl.Run(e.ctx, e.userClients(reader), []string{"snapshot", "-o", file, "--address", c.DebugAddr(), "--insecure-skip-tls-verify"}, &out); err != nil {
+		t.Fatalf("kubectl tessera snapshot: %v", err)
+	}
+	t.Logf("kubectl tessera snapshot: %s", strings.TrimSpace(out.String()))
+	d := readDump(t, file)
+	if d.Decisions == nil || len(d.Objects.Pods) < 5 {
+		t.Fatalf("the snapshot lacks the cluster's pods or the cycle's decisions: %d pods, decisions %+v", len(d.Objects.Pods), d.Decisions)
+	}
+	if !hasPending(d.Decisions, e.ns+"/picky") {
+		t.Fatalf("picky should wait for its CEL selector in the snapshot's cycle: %+v", d.Decisions)
+	}
+	sim := controlplane.GoBinary(t, "./cmd/tessera-sim")
+	res, err := exec.Command(sim, "replay", file).CombinedOutput()
+	if err != nil {
+		t.Fatalf("tessera-sim replay %s: %v\n%s", file, err, res)
+	}
+	if !strings.Contains(string(res), "agrees") {
+		t.Fatalf("tessera-sim replay does not say it agrees with the controller:\n%s", res)
+	}
+	t.Logf("tessera-sim replay:\n%s", res)
+}
+
+// startDebugController runs tessera-controller in-process as its
+// ServiceAccount (deploy/rbac's grants), with the debug server on loopback.
+func startDebugController(t *testing.T, e *env) *app.Controller {
+	t.Helper()
+	c, err := app.New(app.Config{RestConfig: framework.ControllerConfig(e.cp), Interval: 200 * time.Millisecond,
+		Core: core.Config{DisableConsolidation: true}, DebugAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	e.eventually("the controller leads and is ready", time.Minute, func() (bool, string) {
+		err := c.Ready()
+		return err == nil, fmt.Sprint(err)
+	})
+	return c
+}
+
+// serviceAccountToken creates a ServiceAccount in the test's namespace and
+// returns a token of it (TokenRequest), as a user's kubeconfig holds one.
+func (e *env) serviceAccountToken(name string) string {
+	e.t.Helper()
+	sa := &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if _, err := e.client.CoreV1().ServiceAccounts(e.ns).Create(e.ctx, sa, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	tr, err := e.client.CoreV1().ServiceAccounts(e.ns).CreateToken(e.ctx, name, &authnv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return tr.Status.Token
+}
+
+// bindClusterRole binds a ClusterRole to a ServiceAccount of the test's
+// namespace.
+func (e *env) bindClusterRole(role, sa string) {
+	e.t.Helper()
+	b := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-" + sa},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: e.ns}}}
+	if _, err := e.client.RbacV1().ClusterRoleBindings().Create(e.ctx, b, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// userClients are the plugin's clients for a user holding token.
+func (e *env) userClients(token string) ctl.Clients {
+	cfg := rest.AnonymousClientConfig(e.cp.AdminConfig)
+	cfg.BearerToken = token
+	return ctl.Clients{Kube: e.client, Dynamic: e.dyn, Namespace: e.ns, RestConfig: cfg}
+}
+
+// getSnapshot GETs the endpoint with a bearer token ("" for none).
+func getSnapshot(t *testing.T, addr, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, "https://"+addr+app.SnapshotPath, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func readDump(t *testing.T, file string) *kube.Dump {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := kube.ParseDump(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func hasPending(d *kube.Decisions, pod string) bool {
+	for _, p := range d.Pending {
+		if p.Pod == pod {
+			return true
+		}
+	}
+	return false
+}
