@@ -18,6 +18,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/tessera-gpu/tessera/cmd/kubectl-tessera/ctl"
@@ -78,6 +80,20 @@ func TestSnapshotEndpoint(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "bind the ClusterRole "+app.SnapshotReaderRole) {
 		t.Errorf("kubectl tessera snapshot without the role: want an error naming %s, got %v", app.SnapshotReaderRole, err)
 	}
+
+	// Without --address the plugin looks for the leader in the Lease: a
+	// user without the port-forward Role is told to bind it; with it, this
+	// controller (no leader election) has no Lease to find.
+	noAddr := []string{"snapshot", "--controller-namespace", rbac.Namespace}
+	err = ctl.Run(e.ctx, e.userClients(reader), noAddr, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "bind the Role tessera-snapshot-portforward in "+rbac.Namespace) {
+		t.Errorf("kubectl tessera snapshot without the port-forward Role: want an error naming it, got %v", err)
+	}
+	e.bindRole(rbac.Namespace, "tessera-snapshot-portforward", "snapshot-reader")
+	e.eventually("a not-found error naming the Lease", 30*time.Second, func() (bool, string) {
+		err := ctl.Run(e.ctx, e.userClients(reader), noAddr, io.Discard)
+		return err != nil && strings.Contains(err.Error(), "tessera-controller not found: no Lease "+rbac.Namespace+"/"), fmt.Sprint(err)
+	})
 
 	// The plugin, as a reader.
 	file := filepath.Join(t.TempDir(), "cluster.yaml")
@@ -151,11 +167,31 @@ func (e *env) bindClusterRole(role, sa string) {
 	}
 }
 
+// bindRole binds a Role of namespace ns to a ServiceAccount of the test's
+// namespace.
+func (e *env) bindRole(ns, role, sa string) {
+	e.t.Helper()
+	b := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-" + sa, Namespace: ns},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: e.ns}}}
+	if _, err := e.client.RbacV1().RoleBindings(ns).Create(e.ctx, b, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // userClients are the plugin's clients for a user holding token.
 func (e *env) userClients(token string) ctl.Clients {
 	cfg := rest.AnonymousClientConfig(e.cp.AdminConfig)
 	cfg.BearerToken = token
-	return ctl.Clients{Kube: e.client, Dynamic: e.dyn, Namespace: e.ns, RestConfig: cfg}
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	dc, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ctl.Clients{Kube: kc, Dynamic: dc, Namespace: e.ns, RestConfig: cfg}
 }
 
 // getSnapshot GETs the endpoint with a bearer token ("" for none).

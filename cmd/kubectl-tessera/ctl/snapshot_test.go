@@ -1,0 +1,42 @@
+package ctl
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestParseSnapshotFlags: bad flags are refused with an error that says
+// what is wrong; a direct address must say how to trust the server.
+func TestParseSnapshotFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		wantErr string
+		want    snapshotOptions
+	}{
+		{args: nil, want: snapshotOptions{output: "-", namespace: DefaultControllerNamespace, lease: defaultLease, port: defaultDebugPort}},
+		{args: []string{"-o", "c.yaml", "--controller-namespace", "tsr", "--port", "9443"},
+			want: snapshotOptions{output: "c.yaml", namespace: "tsr", lease: defaultLease, port: 9443}},
+		{args: []string{"--address", "10.0.0.5:8443", "--insecure-skip-tls-verify"},
+			want: snapshotOptions{output: "-", address: "10.0.0.5:8443", namespace: DefaultControllerNamespace, lease: defaultLease, port: defaultDebugPort, insecure: true}},
+		{args: []string{"--address", "10.0.0.5:8443"}, wantErr: "--certificate-authority or --insecure-skip-tls-verify"},
+		{args: []string{"extra"}, wantErr: `snapshot takes no arguments, got ["extra"]`},
+		{args: []string{"--frobnicate"}, wantErr: "flag provided but not defined: -frobnicate"},
+		{args: []string{"--port", "x"}, wantErr: `invalid value "x" for flag -port`},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			got, err := parseSnapshotFlags(tc.args)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("want an error containing %q, got %v", tc.wantErr, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if *got != tc.want {
+				t.Fatalf("got %+v, want %+v", *got, tc.want)
+			}
+		})
+	}
+}
