@@ -48,6 +48,7 @@ import (
 	"github.com/tessera-gpu/tessera/deploy/rbac"
 	"github.com/tessera-gpu/tessera/driver/deviceclasses"
 	"github.com/tessera-gpu/tessera/internal/assignment"
+	"github.com/tessera-gpu/tessera/internal/draname"
 	"github.com/tessera-gpu/tessera/test/controlplane"
 )
 
@@ -410,7 +411,8 @@ func serviceAccountConfig(cp *controlplane.ControlPlane, name string, extra map[
 
 // TestChartOnAPIServer creates every rendered object on a real API server
 // (CRDs first, as helm does), so schema errors show, and checks that the
-// admission policy keeps tessera-node to its own node's ResourceSlices.
+// admission policies keep tessera-node to its own node's ResourceSlices
+// and to the clique label of its own Node.
 func TestChartOnAPIServer(t *testing.T) {
 	helm(t)
 	ctx, cp, client := releaseAPIServer(t)
@@ -444,6 +446,7 @@ func TestChartOnAPIServer(t *testing.T) {
 	_, err = nodeClient.CoreV1().Secrets(namespace).List(ctx, metav1.ListOptions{})
 	require.True(t, apierrors.IsForbidden(err), "tessera-node cannot read secrets: %v", err)
 	require.NoError(t, nodeClient.ResourceV1().ResourceSlices().Delete(ctx, own.Name, metav1.DeleteOptions{}))
+	checkCliqueLabelPolicy(ctx, t, client, nodeClient)
 
 	// The controller's identity can take its Lease in the release namespace.
 	ctrlClient, err := kubernetes.NewForConfig(serviceAccountConfig(cp, "tessera-controller", nil))
@@ -473,6 +476,56 @@ func TestChartOnAPIServer(t *testing.T) {
 	require.NoError(t, err, "the controller writes the assignment")
 	_, err = ctrlClient.CoreV1().Pods(namespace).Patch(ctx, "p", types.MergePatchType, []byte(`{"metadata":{"labels":{"a":"b"}}}`), metav1.PatchOptions{})
 	require.ErrorContains(t, err, "tessera-controller may change only the annotation "+assignment.Annotation)
+}
+
+// checkCliqueLabelPolicy: tessera-node on n1 (nodeClient) may set and
+// remove the clique label of its own Node, and nothing else: not the
+// label on another Node, not another label, not the Node's spec.
+func checkCliqueLabelPolicy(ctx context.Context, t *testing.T, admin, nodeClient kubernetes.Interface) {
+	t.Helper()
+	for _, n := range []string{"n1", "n2"} {
+		_, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{"rack": "r1"}}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+	labels := func(kv string) []byte { return []byte(`{"metadata":{"labels":{` + kv + `}}}`) }
+	patch := func(node string, body []byte) error {
+		_, err := nodeClient.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, body, metav1.PatchOptions{})
+		return err
+	}
+	clique := `"` + draname.LabelClique + `":`
+	// The policy takes effect once the API server has loaded it.
+	require.Eventually(t, func() bool {
+		_, err := nodeClient.CoreV1().Nodes().Patch(ctx, "n2", types.MergePatchType, labels(clique+`"u.1"`), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil && strings.Contains(err.Error(), "may only label its own Node")
+	}, 30*time.Second, 250*time.Millisecond, "tessera-node labelling another Node is denied")
+	for _, c := range []struct {
+		name, node string
+		body       []byte
+		deny       string // "" when allowed
+	}{
+		{name: "another node's clique", node: "n2", body: labels(clique + `"u.1"`), deny: "tessera-node on node 'n1' may only label its own Node, not 'n2'"},
+		{name: "own clique", node: "n1", body: labels(clique + `"u.1"`)},
+		{name: "own clique changed", node: "n1", body: labels(clique + `"u.2"`)},
+		{name: "another label", node: "n1", body: labels(`"rack":"r2"`), deny: "tessera-node may change only the " + draname.LabelClique + " label of its Node"},
+		{name: "a new label", node: "n1", body: labels(`"gpu":"yes"`), deny: "may change only the " + draname.LabelClique},
+		{name: "clique and another label", node: "n1", body: labels(clique + `"u.3","rack":"r2"`), deny: "may change only the " + draname.LabelClique},
+		{name: "an annotation", node: "n1", body: []byte(`{"metadata":{"annotations":{"a":"b"}}}`), deny: "may change only the " + draname.LabelClique},
+		{name: "the spec", node: "n1", body: []byte(`{"spec":{"unschedulable":true}}`), deny: "may change only the " + draname.LabelClique},
+		{name: "own clique removed", node: "n1", body: labels(clique + `null`)},
+	} {
+		err := patch(c.node, c.body)
+		if c.deny == "" {
+			require.NoError(t, err, "tessera-node on n1: %s", c.name)
+			continue
+		}
+		require.ErrorContains(t, err, c.deny, "tessera-node on n1: %s", c.name)
+	}
+	n1, err := admin.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"rack": "r1"}, n1.Labels, "only the allowed patches took effect")
+	// An admin is not bound by it.
+	_, err = admin.CoreV1().Nodes().Patch(ctx, "n2", types.MergePatchType, labels(`"rack":"r2"`), metav1.PatchOptions{})
+	require.NoError(t, err)
 }
 
 // TestKindDemoScript checks the kind demo's script parses (it runs where
