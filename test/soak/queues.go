@@ -10,6 +10,7 @@ import (
 	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
 	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/internal/assignment"
+	"github.com/tessera-gpu/tessera/internal/draname"
 )
 
 // queueUse is what one queue's subtree holds, in GPUs.
@@ -107,7 +108,7 @@ func podGPUs(p *corev1.Pod, idx *index) (gpus float64, shares int) {
 		}
 		for _, r := range cl.Status.Allocation.Devices.Results {
 			mode := claimMode(cl, r.Request)
-			mem := r.ConsumedCapacity["memory"]
+			mem := r.ConsumedCapacity[draname.CapacityMemory]
 			add(r.Pool+"/"+r.Device, mode, mem.Value())
 		}
 	}
