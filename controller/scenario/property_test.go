@@ -153,6 +153,25 @@ func TestPropertyGeneratorCovers(t *testing.T) {
 		if sc.spread {
 			seen["spread"]++
 		}
+		if sc.timed {
+			seen["timed"]++
+		}
+		if sc.usage != nil && sc.usage.coef > 0 {
+			seen["usage coefficient"]++
+		}
+		for _, q := range sc.queues {
+			if len(q.wins) > 0 {
+				seen["schedule"]++
+			}
+			for i := range q.prot {
+				if q.prot[i] > 0 {
+					seen[pgProtNames[i]]++
+				}
+				if q.prot[i] < 0 && q.parent != nil && q.protection(i) > 0 {
+					seen["inherited protection"]++
+				}
+			}
+		}
 		for _, j := range sc.jobs {
 			if j.preempt {
 				seen["preemptible job"]++
@@ -164,6 +183,12 @@ func TestPropertyGeneratorCovers(t *testing.T) {
 			}
 			if j.subs != nil {
 				seen["subgroups"]++
+			}
+			if j.runFor > 0 {
+				seen["runFor"]++
+			}
+			if j.arriveAt > 0 {
+				seen["arriveAt"]++
 			}
 			for _, p := range j.pods {
 				switch {
@@ -211,7 +236,8 @@ func TestPropertyGeneratorCovers(t *testing.T) {
 		"long run", "consolidation off", "spread", "preemptible job", "non-preemptible job", "minMember below pods", "subgroups",
 		"share fraction", "memory fraction", "cpu-only pod", "1-GPU pod", "2-GPU pod", "4-GPU pod", "8-GPU pod",
 		"timeslice", "nvlink required", "running pod", "alternatives", "running pod with alternatives",
-		"share alternative", "memory alternative", "whole alternative", "nvlink alternative"} {
+		"share alternative", "memory alternative", "whole alternative", "nvlink alternative",
+		"timed", "usage coefficient", "schedule", "preemptMinRuntime", "reclaimMinRuntime", "preemptionDelay", "inherited protection", "runFor", "arriveAt"} {
 		if seen[k] == 0 {
 			t.Errorf("no %s in the first %d seeds", k, propertySeedsShort)
 		}
