@@ -311,3 +311,82 @@ func TestCliqueTopology(t *testing.T) {
 		}
 	}
 }
+
+const labelZone = "example.com/zone"
+
+// TestTopologyZonesSubGroup on 8 kwok nodes of 2 GPUs in zones z1, z2,
+// each one block b1 of racks r1, r2 of 2 nodes (zone > block > rack >
+// hostname; the names repeat, the domain is the path). One GPU is used in
+// z1/b1/r1, z2/b1/r1 and z2/b1/r2: z2 (6 free) is the fullest zone that
+// holds 6 pods, but none of its racks holds 4. A gang of 6 required in one
+// zone whose subgroup of 4 workers requires one rack lands in z1, the
+// workers in z1/b1/r2; without the subgroup's constraint it would take z2.
+func TestTopologyZonesSubGroup(t *testing.T) {
+	e := newEnv(t)
+	nodes := map[string]string{}
+	for _, z := range []string{"z1", "z2"} {
+		for _, r := range []string{"r1", "r2"} {
+			for i := 0; i < 2; i++ {
+				name := fmt.Sprintf("%s-b1-%s-%d", z, r, i)
+				e.cp.AddKwokNodeWith(t, &v1.Node{
+					ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{labelZone: z, labelBlock: "b1", labelRack: r}},
+					Status: v1.NodeStatus{Capacity: v1.ResourceList{
+						v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi"), v1.ResourcePods: resource.MustParse("110"),
+					}},
+				})
+				e.startTesseraNode(name, "l4-2")
+				nodes[name] = z + "/b1/" + r
+			}
+		}
+	}
+	if err := e.createTopology("dc4", labelZone, labelBlock, labelRack, "kubernetes.io/hostname"); err != nil {
+		t.Fatal(err)
+	}
+	e.startScheduler(core.Config{})
+	var fillers []string
+	for _, node := range []string{"z1-b1-r1-0", "z2-b1-r1-0", "z2-b1-r2-0"} {
+		e.createPod(podSpec{name: "filler-" + node, claim: &gpuClaim{}, nodeSelector: map[string]string{"kubernetes.io/hostname": node}})
+		fillers = append(fillers, "filler-"+node)
+	}
+	e.waitBound(fillers...)
+
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "PodGroup",
+		"metadata": map[string]any{"name": "train", "namespace": e.ns},
+		"spec": map[string]any{
+			"minMember": int64(6),
+			"topology":  map[string]any{"name": "dc4", "required": labelZone},
+			"subGroups": []any{
+				map[string]any{"name": "workers", "minMember": int64(4), "topology": map[string]any{"name": "dc4", "required": labelRack}},
+				map[string]any{"name": "ps", "minMember": int64(2)},
+			},
+		},
+	}}
+	if _, err := e.dyn.Resource(kube.PodGroupGVR).Namespace(e.ns).Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	workers, ps := podNames("worker", 4), podNames("ps", 2)
+	for _, n := range workers {
+		e.createPod(podSpec{name: n, group: "train", claim: &gpuClaim{}, annotations: map[string]string{kube.AnnotationPodSubGroup: "workers"}})
+	}
+	for _, n := range ps {
+		e.createPod(podSpec{name: n, group: "train", claim: &gpuClaim{}, annotations: map[string]string{kube.AnnotationPodSubGroup: "ps"}})
+	}
+	e.waitBound(append(workers, ps...)...)
+	where := func(names []string) map[string]bool {
+		out := map[string]bool{}
+		for _, n := range names {
+			out[nodes[e.pod(n).Spec.NodeName]] = true
+		}
+		return out
+	}
+	if got := where(workers); len(got) != 1 || !got["z1/b1/r2"] {
+		t.Errorf("workers (one rack required) in %v, want z1/b1/r2 only", got)
+	}
+	for d := range where(ps) {
+		if !strings.HasPrefix(d, "z1/") {
+			t.Errorf("ps pod in %s, outside the gang's zone z1", d)
+		}
+	}
+	e.checkNoDoubleAllocation()
+}
