@@ -272,7 +272,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	if c.webhook != nil {
 		go func() {
 			if err := c.webhook.Run(httpCtx); err != nil {
-				klog.ErrorS(err, "Admission webhook failed")
+				klog.FromContext(ctx).Error(err, "Admission webhook failed")
 			}
 		}()
 	}
@@ -307,7 +307,7 @@ func (c *Controller) runScheduler(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			if err := c.grouper.Run(gctx); err != nil {
-				klog.ErrorS(err, "Pod grouper failed")
+				klog.FromContext(ctx).Error(err, "Pod grouper failed")
 			}
 		}()
 	}
@@ -349,20 +349,7 @@ func (c *Controller) runElected(ctx context.Context) error {
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(leCtx context.Context) {
 				started.Store(true)
-				klog.InfoS("Became the leader; scheduling", "identity", c.cfg.Identity, "lease", klog.KRef(c.cfg.LeaseNamespace, c.cfg.LeaseName))
-				c.setLeading(true)
-				// Schedule until our ctx ends or the Lease is lost.
-				runCtx, cancel := context.WithCancel(schedCtx)
-				go func() {
-					select {
-					case <-leCtx.Done():
-					case <-runCtx.Done():
-					}
-					cancel()
-				}()
-				err := c.runScheduler(runCtx)
-				cancel()
-				c.setLeading(false)
+				err := c.scheduleWhileLeading(schedCtx, leCtx)
 				mu.Lock()
 				schedErr = err
 				mu.Unlock()
@@ -374,11 +361,11 @@ func (c *Controller) runElected(ctx context.Context) error {
 				}
 			},
 			OnStoppedLeading: func() {
-				klog.InfoS("Stopped leading", "identity", c.cfg.Identity)
+				klog.FromContext(ctx).Info("Stopped leading", "identity", c.cfg.Identity)
 			},
 			OnNewLeader: func(id string) {
 				if id != c.cfg.Identity {
-					klog.InfoS("Standing by; another replica leads", "leader", id)
+					klog.FromContext(ctx).Info("Standing by; another replica leads", "leader", id)
 				}
 			},
 		},
@@ -421,6 +408,24 @@ func (c *Controller) runElected(ctx context.Context) error {
 		return nil
 	}
 	return ErrLeadershipLost
+}
+
+// scheduleWhileLeading runs the scheduler until ctx ends or the Lease is
+// lost (leCtx ends), with the readiness of a leader meanwhile.
+func (c *Controller) scheduleWhileLeading(ctx, leCtx context.Context) error {
+	klog.FromContext(ctx).Info("Became the leader; scheduling", "identity", c.cfg.Identity, "lease", klog.KRef(c.cfg.LeaseNamespace, c.cfg.LeaseName))
+	c.setLeading(true)
+	defer c.setLeading(false)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-leCtx.Done():
+		case <-runCtx.Done():
+		}
+		cancel()
+	}()
+	return c.runScheduler(runCtx)
 }
 
 // Handler returns the HTTP handler of one of the controller's endpoints

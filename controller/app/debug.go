@@ -154,9 +154,9 @@ func (d *debugServer) serve(ctx context.Context) {
 		defer cancel()
 		_ = d.srv.Shutdown(shutCtx)
 	}()
-	klog.InfoS("Serving", "endpoints", "debug", "address", d.ln.Addr().String())
+	klog.FromContext(ctx).Info("Serving", "endpoints", "debug", "address", d.ln.Addr().String())
 	if err := d.srv.ServeTLS(d.ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		klog.ErrorS(err, "HTTP server failed", "endpoints", "debug")
+		klog.FromContext(ctx).Error(err, "HTTP server failed", "endpoints", "debug")
 	}
 }
 

@@ -93,9 +93,9 @@ func (s *httpServer) serve(ctx context.Context) {
 		defer cancel()
 		_ = s.srv.Shutdown(shutCtx)
 	}()
-	klog.InfoS("Serving", "endpoints", s.what, "address", s.ln.Addr().String())
+	klog.FromContext(ctx).Info("Serving", "endpoints", s.what, "address", s.ln.Addr().String())
 	if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		klog.ErrorS(err, "HTTP server failed", "endpoints", s.what)
+		klog.FromContext(ctx).Error(err, "HTTP server failed", "endpoints", s.what)
 	}
 }
 

@@ -90,7 +90,7 @@ func (s *Scheduler) bindAdopted(ctx context.Context, st *commitStats, idx *cycle
 		case err != nil:
 			st.apiErrors.Add(1)
 			st.failed[a.pod] = fmt.Sprintf("binding to %s, where its claims are allocated: %v", a.node, err)
-			klog.ErrorS(err, "Binding a pod whose claims are allocated already", "pod", a.pod, "node", a.node)
+			klog.FromContext(ctx).Error(err, "Binding a pod whose claims are allocated already", "pod", a.pod, "node", a.node)
 		case !adopted:
 			st.bound++
 			s.own.bound(ref.pod.Namespace, ref.pod.Name, ref.pod.UID)

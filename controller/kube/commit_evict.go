@@ -48,7 +48,7 @@ func (s *Scheduler) commitEvictions(ctx context.Context, st *commitStats, evs []
 		case apierrors.IsNotFound(err):
 		default:
 			st.apiErrors.Add(1)
-			klog.ErrorS(err, "Evicting pod", "pod", ev.Pod)
+			klog.FromContext(ctx).Error(err, "Evicting pod", "pod", ev.Pod)
 		}
 	})
 	return evictedOK
@@ -158,7 +158,7 @@ func (s *Scheduler) refusedPlans(ctx context.Context, evs []core.Eviction, idx *
 		s.refused(pod, ev, now, "the other victims of the same plan are spared, and other victims will be chosen")
 	})
 	for plan := range refused {
-		klog.InfoS("Evicting plan dropped: a PodDisruptionBudget refuses one of its victims", "plan", plan, "victims", size[plan])
+		klog.FromContext(ctx).Info("Evicting plan dropped: a PodDisruptionBudget refuses one of its victims", "plan", plan, "victims", size[plan])
 	}
 	return refused
 }

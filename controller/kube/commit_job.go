@@ -193,7 +193,7 @@ func (s *Scheduler) bindJob(ctx context.Context, st *commitStats, jp []podPlan) 
 	if failure != nil && len(bound) > 0 && !errors.Is(failure, ErrFenced) {
 		for _, pod := range bound {
 			if err := s.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}}); err != nil && !apierrors.IsNotFound(err) {
-				klog.ErrorS(err, "Rolling back a half-bound gang", "pod", klog.KObj(pod))
+				klog.FromContext(ctx).Error(err, "Rolling back a half-bound gang", "pod", klog.KObj(pod))
 			}
 		}
 	}
@@ -221,14 +221,14 @@ func (s *Scheduler) jobBound(st *commitStats, jp []podPlan, adopted int, written
 // the reason.
 func (s *Scheduler) rollBackJob(ctx context.Context, st *commitStats, job string, jp []podPlan, written []writtenClaim, failure error) {
 	st.apiErrors.Add(1)
-	klog.ErrorS(failure, "Committing job failed; rolling back its claims", "job", job)
+	klog.FromContext(ctx).Error(failure, "Committing job failed; rolling back its claims", "job", job)
 	uids := sets.New[types.UID]()
 	for _, p := range jp {
 		uids.Insert(p.ref.pod.UID)
 	}
 	for _, w := range written {
 		if err := s.releaseClaim(ctx, w, uids); err != nil {
-			klog.ErrorS(err, "Rolling back claim", "claim", klog.KObj(w.claim))
+			klog.FromContext(ctx).Error(err, "Rolling back claim", "claim", klog.KObj(w.claim))
 		}
 	}
 	st.mu.Lock()

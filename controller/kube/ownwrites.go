@@ -77,7 +77,7 @@ func (s *Scheduler) awaitOwnWrites(ctx context.Context) {
 			return
 		}
 		if time.Since(start) > ownWritesWait {
-			klog.InfoS("Informers still miss our last writes; scheduling anyway", "pods", len(w.pods), "claims", len(w.claims))
+			klog.FromContext(ctx).Info("Informers still miss our last writes; scheduling anyway", "pods", len(w.pods), "claims", len(w.claims))
 			w.pods, w.claims = nil, nil
 			return
 		}

@@ -464,7 +464,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		if err := s.RunOnce(ctx); errors.Is(err, ErrFenced) {
 			return err
 		} else if err != nil {
-			klog.ErrorS(err, "Scheduling cycle failed")
+			klog.FromContext(ctx).Error(err, "Scheduling cycle failed")
 		}
 		// A quota window's boundary comes sooner than the next tick: run
 		// a cycle at it, so the queue switches then (DESIGN.md, "Quota
@@ -539,7 +539,7 @@ func (s *Scheduler) RunOnce(ctx context.Context) error {
 	if m != nil {
 		m.observeDurations(res, start, decided, time.Now())
 	}
-	klog.V(2).InfoS("Cycle", "binds", stats.bound, "evictions", stats.evicted, "pending", len(res.Pending)+len(idx.problems),
+	klog.FromContext(ctx).V(2).Info("Cycle", "binds", stats.bound, "evictions", stats.evicted, "pending", len(res.Pending)+len(idx.problems),
 		"decide", decided.Sub(start), "total", time.Since(start))
 	return nil
 }

@@ -71,7 +71,7 @@ func (s *Scheduler) report(ctx context.Context, res *core.Result, idx *cycleInde
 		u := updates[i]
 		if err := s.setUnschedulable(ctx, u.pod, u.reason); err != nil {
 			if !apierrors.IsNotFound(err) {
-				klog.ErrorS(err, "Writing PodScheduled condition", "pod", klog.KObj(u.pod))
+				klog.FromContext(ctx).Error(err, "Writing PodScheduled condition", "pod", klog.KObj(u.pod))
 			}
 			return
 		}
@@ -181,7 +181,7 @@ func (s *Scheduler) reportQueues(ctx context.Context, res *core.Result, idx *cyc
 		q := obj.DeepCopy()
 		q.Status = status
 		if err := s.writeStatus(ctx, QueueGVR, "", q); err != nil {
-			klog.ErrorS(err, "Writing Queue status", "queue", name)
+			klog.FromContext(ctx).Error(err, "Writing Queue status", "queue", name)
 			continue
 		}
 		s.queueStatus[name] = status
@@ -230,7 +230,7 @@ func (s *Scheduler) reportPodGroups(ctx context.Context, res *core.Result, idx *
 		upd := pg.DeepCopy()
 		upd.Status = status
 		if err := s.writeStatus(ctx, PodGroupGVR, pg.Namespace, upd); err != nil {
-			klog.ErrorS(err, "Writing PodGroup status", "podGroup", key)
+			klog.FromContext(ctx).Error(err, "Writing PodGroup status", "podGroup", key)
 			continue
 		}
 		if status.Phase == schedv1.PodGroupPending {

@@ -67,7 +67,7 @@ func (s *Server) Run(ctx context.Context) error {
 		defer cancel()
 		_ = s.srv.Shutdown(shutCtx)
 	}()
-	klog.InfoS("Serving the admission webhook", "address", s.Addr(), "path", Path)
+	klog.FromContext(ctx).Info("Serving the admission webhook", "address", s.Addr(), "path", Path)
 	if err := s.srv.ServeTLS(s.ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("webhook: %w", err)
 	}
