@@ -8,6 +8,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -17,6 +18,7 @@ import (
 	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/gpu"
 	"github.com/tessera-gpu/tessera/internal/draname"
+	"github.com/tessera-gpu/tessera/test/controlplane"
 )
 
 const (
@@ -389,4 +391,51 @@ func TestTopologyZonesSubGroup(t *testing.T) {
 		}
 	}
 	e.checkNoDoubleAllocation()
+}
+
+// TestUpstreamTopology: an upstream scheduling.k8s.io PodGroup (gate
+// TopologyAwareWorkloadScheduling) whose schedulingConstraints.topology
+// names the rack label is a gang required in one rack of the Topology
+// that lists the label: with one GPU used in every rack but b2/r2, its 4
+// one-GPU pods land in b2/r2, where bin-packing alone would fill the
+// partly used nodes of the other racks.
+func TestUpstreamTopology(t *testing.T) {
+	e := newEnvWith(t, controlplane.Options{
+		Workloads:    controlplane.WorkloadAPI{Serve: true},
+		FeatureGates: map[string]bool{"TopologyAwareWorkloadScheduling": true},
+	})
+	racks := e.addRackNodes()
+	e.startScheduler(core.Config{})
+	e.eventually("upstream PodGroups watched", 30*time.Second, func() (bool, string) {
+		return e.sched.UpstreamGroupsServed(), "not served"
+	})
+	var fillers []string
+	for _, d := range []string{"b1/r1", "b1/r2", "b2/r1"} {
+		n := "filler-" + strings.ReplaceAll(d, "/", "-")
+		e.createPod(podSpec{name: n, claim: &gpuClaim{}, nodeSelector: map[string]string{"kubernetes.io/hostname": racks[d][0]}})
+		fillers = append(fillers, n)
+	}
+	e.waitBound(fillers...)
+	pg := &schedulingv1beta1.PodGroup{
+		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: e.ns},
+		Spec: schedulingv1beta1.PodGroupSpec{
+			SchedulingPolicy:      schedulingv1beta1.PodGroupSchedulingPolicy{Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: 4}},
+			SchedulingConstraints: &schedulingv1beta1.PodGroupSchedulingConstraints{Topology: []schedulingv1beta1.TopologyConstraint{{Key: labelRack}}},
+		},
+	}
+	got, err := e.client.SchedulingV1beta1().PodGroups(e.ns).Create(e.ctx, pg, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.SchedulingConstraints == nil || len(got.Spec.SchedulingConstraints.Topology) != 1 {
+		t.Fatalf("the API server dropped schedulingConstraints (gate off?): %+v", got.Spec)
+	}
+	gang := podNames("train", 4)
+	for _, n := range gang {
+		e.createPod(podSpec{name: n, upstreamGroup: "train", claim: &gpuClaim{}})
+	}
+	e.waitBound(gang...)
+	if got := e.domainsOf(gang...); len(got) != 1 || !got["b2/r2"] {
+		t.Fatalf("upstream rack gang placed in %v, want b2/r2 only", got)
+	}
 }
