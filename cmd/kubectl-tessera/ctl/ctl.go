@@ -27,6 +27,7 @@ import (
 	"text/tabwriter"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -222,13 +223,37 @@ func nodes(ctx context.Context, c Clients, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("listing pods: %w", err)
 	}
+	use := map[string]*gpuUse{} // pool/device
+	claimUse(use, claims.Items, pods.Items)
+	devicePluginUse(use, sliceList.Items, pods.Items)
+	rows := gpuRows(sliceList.Items, use)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tGPU\tMODEL\tMEMORY\tSHARING\tUSED\tPODS")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.node, r.device, dash(r.model), resource.NewQuantity(r.memory, resource.BinarySI), dash(r.sharing), r.used, dash(r.pods))
+	}
+	return tw.Flush()
+}
+
+// useOf is the record of one GPU (pool/device), made on first use.
+func useOf(use map[string]*gpuUse, key string) *gpuUse {
+	u := use[key]
+	if u == nil {
+		u = &gpuUse{}
+		use[key] = u
+	}
+	return u
+}
+
+// claimUse records what allocated claims of Tessera's driver hold, and
+// by which pods.
+func claimUse(use map[string]*gpuUse, claims []resourceapi.ResourceClaim, pods []v1.Pod) {
 	podName := map[string]string{}
-	for _, p := range pods.Items {
+	for _, p := range pods {
 		podName[string(p.UID)] = p.Namespace + "/" + p.Name
 	}
-	use := map[string]*gpuUse{} // pool/device
-	for i := range claims.Items {
-		cl := &claims.Items[i]
+	for i := range claims {
+		cl := &claims[i]
 		if cl.Status.Allocation == nil {
 			continue
 		}
@@ -247,12 +272,7 @@ func nodes(ctx context.Context, c Clients, out io.Writer) error {
 			if r.Driver != draname.Driver {
 				continue
 			}
-			key := r.Pool + "/" + r.Device
-			u := use[key]
-			if u == nil {
-				u = &gpuUse{}
-				use[key] = u
-			}
+			u := useOf(use, r.Pool+"/"+r.Device)
 			if q, ok := r.ConsumedCapacity[draname.CapacityMemory]; ok {
 				u.memory += q.Value()
 				if cfg, err := gpuconfig.ConfigForRequest(draname.Driver, cl.Status.Allocation.Devices.Config, r.Request); err == nil {
@@ -264,27 +284,26 @@ func nodes(ctx context.Context, c Clients, out io.Writer) error {
 			u.pods = append(u.pods, holders...)
 		}
 	}
-	// Device-plugin pods hold what their assignment says, on the pool of
-	// their node (a bound pod that has not finished).
+}
+
+// devicePluginUse records what device-plugin pods hold: what their
+// assignment says, on the pool of their node (a bound pod that has not
+// finished).
+func devicePluginUse(use map[string]*gpuUse, resSlices []resourceapi.ResourceSlice, pods []v1.Pod) {
 	poolOf := map[string]string{}
-	for _, s := range sliceList.Items {
+	for _, s := range resSlices {
 		if s.Spec.NodeName != nil {
 			poolOf[*s.Spec.NodeName] = s.Spec.Pool.Name
 		}
 	}
-	for i := range pods.Items {
-		p := &pods.Items[i]
+	for i := range pods {
+		p := &pods[i]
 		a, ok, err := assignment.Of(p.Annotations)
 		if !ok || err != nil || p.Spec.NodeName == "" || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
 			continue
 		}
 		for _, idx := range a.GPUs {
-			key := poolOf[p.Spec.NodeName] + "/gpu-" + strconv.Itoa(idx)
-			u := use[key]
-			if u == nil {
-				u = &gpuUse{}
-				use[key] = u
-			}
+			u := useOf(use, poolOf[p.Spec.NodeName]+"/gpu-"+strconv.Itoa(idx))
 			if a.IsShare() {
 				u.memory += a.MemoryBytes
 				u.sharing = a.Sharing
@@ -294,18 +313,24 @@ func nodes(ctx context.Context, c Clients, out io.Writer) error {
 			u.pods = append(u.pods, p.Namespace+"/"+p.Name)
 		}
 	}
-	type row struct {
-		node, device, model, sharing, used, pods string
-		memory                                   int64
-		index                                    int64
-	}
-	var rows []row
-	// Only the newest generation of each pool is current.
+}
+
+// gpuRow is one line of `kubectl tessera nodes`.
+type gpuRow struct {
+	node, device, model, sharing, used, pods string
+	memory                                   int64
+	index                                    int64
+}
+
+// gpuRows is a row per device of each pool's newest generation, by node
+// and GPU index.
+func gpuRows(resSlices []resourceapi.ResourceSlice, use map[string]*gpuUse) []gpuRow {
+	var rows []gpuRow
 	newest := map[string]int64{}
-	for _, s := range sliceList.Items {
+	for _, s := range resSlices {
 		newest[s.Spec.Pool.Name] = max(newest[s.Spec.Pool.Name], s.Spec.Pool.Generation)
 	}
-	for _, s := range sliceList.Items {
+	for _, s := range resSlices {
 		if s.Spec.Pool.Generation != newest[s.Spec.Pool.Name] {
 			continue
 		}
@@ -314,50 +339,7 @@ func nodes(ctx context.Context, c Clients, out io.Writer) error {
 			node = *s.Spec.NodeName
 		}
 		for _, d := range s.Spec.Devices {
-			r := row{node: node, device: d.Name, index: -1}
-			if a, ok := d.Attributes[draname.AttrProductName]; ok && a.StringValue != nil {
-				r.model = *a.StringValue
-			}
-			if a, ok := d.Attributes[draname.AttrIndex]; ok && a.IntValue != nil {
-				r.index = *a.IntValue
-			}
-			if cp, ok := d.Capacity[draname.CapacityMemory]; ok {
-				r.memory = cp.Value.Value()
-			}
-			u := use[s.Spec.Pool.Name+"/"+d.Name]
-			switch {
-			case u == nil:
-				r.used = "free"
-			case u.whole || u.sharing == string(gpuconfig.Exclusive) || r.memory > 0 && u.memory >= r.memory && u.sharing == "":
-				// An exclusive claim consumes the whole memory capacity.
-				r.used, r.sharing = "whole", string(gpuconfig.Exclusive)
-			default:
-				r.used = resource.NewQuantity(u.memory, resource.BinarySI).String()
-				if r.memory > 0 {
-					r.used += fmt.Sprintf(" (%d%%)", u.memory*100/r.memory)
-				}
-				r.sharing = u.sharing
-			}
-			if u != nil {
-				ps := slices.Clone(u.pods)
-				sort.Strings(ps)
-				r.pods = strings.Join(slices.Compact(ps), ", ")
-			}
-			for _, taint := range d.Taints {
-				if taint.Key != draname.TaintDevicePlugin {
-					r.used += " (tainted: " + string(taint.Effect) + ")"
-					break
-				}
-				if u == nil {
-					// Held through the device plugin by a pod that no
-					// assignment names (bound by another scheduler).
-					r.used, r.pods = taint.Value, "(a device-plugin pod)"
-					if taint.Value == draname.TaintWhole {
-						r.sharing = string(gpuconfig.Exclusive)
-					}
-				}
-			}
-			rows = append(rows, r)
+			rows = append(rows, gpuRowOf(node, d, use[s.Spec.Pool.Name+"/"+d.Name]))
 		}
 	}
 	sort.Slice(rows, func(i, j int) bool {
@@ -369,12 +351,55 @@ func nodes(ctx context.Context, c Clients, out io.Writer) error {
 		}
 		return rows[i].device < rows[j].device
 	})
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tGPU\tMODEL\tMEMORY\tSHARING\tUSED\tPODS")
-	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.node, r.device, dash(r.model), resource.NewQuantity(r.memory, resource.BinarySI), dash(r.sharing), r.used, dash(r.pods))
+	return rows
+}
+
+// gpuRowOf says what one device is and who uses it how much (u nil: no
+// claim or assignment names it).
+func gpuRowOf(node string, d resourceapi.Device, u *gpuUse) gpuRow {
+	r := gpuRow{node: node, device: d.Name, index: -1}
+	if a, ok := d.Attributes[draname.AttrProductName]; ok && a.StringValue != nil {
+		r.model = *a.StringValue
 	}
-	return tw.Flush()
+	if a, ok := d.Attributes[draname.AttrIndex]; ok && a.IntValue != nil {
+		r.index = *a.IntValue
+	}
+	if cp, ok := d.Capacity[draname.CapacityMemory]; ok {
+		r.memory = cp.Value.Value()
+	}
+	switch {
+	case u == nil:
+		r.used = "free"
+	case u.whole || u.sharing == string(gpuconfig.Exclusive) || r.memory > 0 && u.memory >= r.memory && u.sharing == "":
+		// An exclusive claim consumes the whole memory capacity.
+		r.used, r.sharing = "whole", string(gpuconfig.Exclusive)
+	default:
+		r.used = resource.NewQuantity(u.memory, resource.BinarySI).String()
+		if r.memory > 0 {
+			r.used += fmt.Sprintf(" (%d%%)", u.memory*100/r.memory)
+		}
+		r.sharing = u.sharing
+	}
+	if u != nil {
+		ps := slices.Clone(u.pods)
+		sort.Strings(ps)
+		r.pods = strings.Join(slices.Compact(ps), ", ")
+	}
+	for _, taint := range d.Taints {
+		if taint.Key != draname.TaintDevicePlugin {
+			r.used += " (tainted: " + string(taint.Effect) + ")"
+			break
+		}
+		if u == nil {
+			// Held through the device plugin by a pod that no
+			// assignment names (bound by another scheduler).
+			r.used, r.pods = taint.Value, "(a device-plugin pod)"
+			if taint.Value == draname.TaintWhole {
+				r.sharing = string(gpuconfig.Exclusive)
+			}
+		}
+	}
+	return r
 }
 
 // describeAssignment says in words what a device-plugin pod was given.
