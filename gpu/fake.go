@@ -242,19 +242,29 @@ func (f *Fake) lost(i int) bool {
 	return f.state[i].lost
 }
 
+// lost is what every function of a removed GPU answers, like a GPU off the
+// bus.
+const lost = nvml.ERROR_GPU_IS_LOST
+
 // wireDevice fills in the mock functions of GPU i. Every function answers
-// ERROR_GPU_IS_LOST once the GPU has been removed, like a GPU off the bus.
+// ERROR_GPU_IS_LOST once the GPU has been removed.
 func (f *Fake) wireDevice(i int, d *server.Device) {
 	g := f.profile.gpus[i]
 	d.UUID = FakeUUID(f.Node, i)
 	d.PciBusID = g.busID
 	d.MemoryInfo = nvml.Memory{Total: g.config.MemoryMB << 20, Free: g.config.MemoryMB << 20}
-	links := f.linksOf(i)
-	const lost = nvml.ERROR_GPU_IS_LOST
+	f.wireIdentity(i, d, g)
+	f.wireCapabilities(i, d, g)
+	f.wireTopology(i, d, g)
+	f.wireNvLinks(i, d, f.linksOf(i))
+	f.wireState(i, d)
+}
 
+// wireIdentity: what the GPU is (name, UUID, memory, PCI, fabric clique).
+func (f *Fake) wireIdentity(i int, d *server.Device, g fakeGPU) {
 	getUUID, getName, getArch := d.GetUUIDFunc, d.GetNameFunc, d.GetArchitectureFunc
 	getCC, getMem, getIndex, getMinor := d.GetCudaComputeCapabilityFunc, d.GetMemoryInfoFunc, d.GetIndexFunc, d.GetMinorNumberFunc
-	getBrand, getMig := d.GetBrandFunc, d.GetMigModeFunc
+	getBrand := d.GetBrandFunc
 
 	d.GetUUIDFunc = func() (string, nvml.Return) {
 		if f.lost(i) {
@@ -322,6 +332,11 @@ func (f *Fake) wireDevice(i int, d *server.Device) {
 		}
 		return nvmlPciInfo(g.busID, g.config.PciDeviceId), nvml.SUCCESS
 	}
+}
+
+// wireCapabilities: SM and core counts, NUMA node, MIG.
+func (f *Fake) wireCapabilities(i int, d *server.Device, g fakeGPU) {
+	getMig := d.GetMigModeFunc
 	// Like a current driver on a whole GPU: no attributes (those are for MIG
 	// devices), the SM count only through the core count. A compute
 	// capability whose cores per SM are unknown answers as older drivers
@@ -369,6 +384,11 @@ func (f *Fake) wireDevice(i int, d *server.Device) {
 	d.GetMigDeviceHandleByIndexFunc = func(int) (nvml.Device, nvml.Return) {
 		return nil, nvml.ERROR_NOT_FOUND
 	}
+}
+
+// wireTopology: how GPU i reaches the others (PCIe tree, NUMA, NVLink
+// peer-to-peer).
+func (f *Fake) wireTopology(i int, d *server.Device, g fakeGPU) {
 	d.GetTopologyCommonAncestorFunc = func(other nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
 		j, ret := f.indexOf(other)
 		if ret != nvml.SUCCESS {
@@ -409,6 +429,10 @@ func (f *Fake) wireDevice(i int, d *server.Device) {
 		}
 		return nvml.P2P_STATUS_CHIPSET_NOT_SUPPORTED, nvml.SUCCESS
 	}
+}
+
+// wireNvLinks: GPU i's NVLinks, links[l] behind link l.
+func (f *Fake) wireNvLinks(i int, d *server.Device, links []fakeLink) {
 	nvlinkArg := func(l int) nvml.Return {
 		switch {
 		case f.lost(i):
@@ -447,6 +471,11 @@ func (f *Fake) wireDevice(i int, d *server.Device) {
 		}
 		return links[l].remoteType, nvml.SUCCESS
 	}
+}
+
+// wireState: what changes at run time (events, row remapping after a
+// fault, compute mode).
+func (f *Fake) wireState(i int, d *server.Device) {
 	d.RegisterEventsFunc = func(mask uint64, set nvml.EventSet) nvml.Return {
 		if f.lost(i) {
 			return lost
