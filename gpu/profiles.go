@@ -283,171 +283,197 @@ func (p ProfileSpec) resolve() (*resolvedProfile, error) {
 	seenBus := map[string]string{}
 	for gi, g := range p.GPUs {
 		field := func(f string) string { return fmt.Sprintf("gpus[%d].%s", gi, f) }
-		var m model
-		if g.Model != "" {
-			var ok bool
-			if m, ok = models[g.Model]; !ok {
-				return nil, fmt.Errorf("%s: unknown model %q (known: %s)", field("model"), g.Model, strings.Join(Models(), ", "))
-			}
+		proto, err := g.resolve(field)
+		if err != nil {
+			return nil, err
 		}
-		c := m.config
-		if g.ProductName != "" {
-			c.Name = g.ProductName
-		}
-		if g.Architecture != "" {
-			a, ok := archs[g.Architecture]
-			if !ok {
-				known := make([]string, 0, len(archs))
-				for k := range archs {
-					known = append(known, k)
-				}
-				sort.Strings(known)
-				return nil, fmt.Errorf("%s: unknown architecture %q (known: %s)", field("architecture"), g.Architecture, strings.Join(known, ", "))
-			}
-			c.Architecture = a
-		}
-		if g.ComputeCapability != "" {
-			mm := ccRE.FindStringSubmatch(g.ComputeCapability)
-			if mm == nil {
-				return nil, fmt.Errorf("%s: %q is not MAJOR.MINOR", field("computeCapability"), g.ComputeCapability)
-			}
-			c.CudaMajor, _ = strconv.Atoi(mm[1])
-			c.CudaMinor, _ = strconv.Atoi(mm[2])
-		}
-		if g.Memory != "" {
-			mm := memRE.FindStringSubmatch(g.Memory)
-			if mm == nil {
-				return nil, fmt.Errorf("%s: %q is not a whole number of Mi, Gi or Ti", field("memory"), g.Memory)
-			}
-			v, err := strconv.ParseUint(mm[1], 10, 40)
-			if err != nil || v == 0 {
-				return nil, fmt.Errorf("%s: %q is out of range", field("memory"), g.Memory)
-			}
-			c.MemoryMB = v * map[string]uint64{"Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}[mm[2]]
-		}
-		sms := m.multiprocessors
-		if g.Multiprocessors < 0 {
-			return nil, fmt.Errorf("%s: must not be negative", field("multiprocessors"))
-		}
-		if g.Multiprocessors > 0 {
-			sms = g.Multiprocessors
-		}
-		mig := m.migCapable
-		if g.MIGCapable != nil {
-			mig = *g.MIGCapable
-		}
-		if mig && len(c.MIGProfiles.GpuInstanceProfiles) == 0 {
-			return nil, fmt.Errorf("%s: model %q has no MIG profiles in go-nvml's mock", field("migCapable"), g.Model)
-		}
-		// Without a model every attribute must be given.
-		switch {
-		case c.Name == "":
-			return nil, fmt.Errorf("%s: required when no model is given", field("productName"))
-		case c.Architecture == 0:
-			return nil, fmt.Errorf("%s: required when no model is given", field("architecture"))
-		case c.CudaMajor == 0:
-			return nil, fmt.Errorf("%s: required when no model is given", field("computeCapability"))
-		case c.MemoryMB == 0:
-			return nil, fmt.Errorf("%s: required when no model is given", field("memory"))
-		case sms == 0:
-			return nil, fmt.Errorf("%s: required when no model is given", field("multiprocessors"))
-		}
-		if c.Brand == 0 {
-			c.Brand = nvml.BRAND_NVIDIA
-		}
-
-		count := g.Count
-		if count < 0 {
-			return nil, fmt.Errorf("%s: must not be negative", field("count"))
-		}
-		if count == 0 {
-			count = 1
-		}
-		if len(r.gpus)+count > maxFakeGPUs {
-			return nil, fmt.Errorf("%s: a profile holds at most %d GPUs", field("count"), maxFakeGPUs)
-		}
-		if len(g.PCIBusIDs) != 0 && len(g.PCIBusIDs) != count {
-			return nil, fmt.Errorf("%s: has %d entries for %d GPUs", field("pciBusIDs"), len(g.PCIBusIDs), count)
-		}
-		if g.PCIeRoot != "" && !pcieRootRE.MatchString(g.PCIeRoot) {
-			return nil, fmt.Errorf("%s: %q is not like pci0000:10", field("pcieRoot"), g.PCIeRoot)
-		}
-		numa := 0
-		if g.NUMANode != nil {
-			if *g.NUMANode < 0 {
-				return nil, fmt.Errorf("%s: must not be negative", field("numaNode"))
-			}
-			numa = *g.NUMANode
-		}
-		for k := 0; k < count; k++ {
-			idx := len(r.gpus)
-			// Generated IDs give every GPU its own root complex, 16 buses apart.
-			busID := fmt.Sprintf("0000:%02x:00.0", 0x08+0x10*idx)
-			if len(g.PCIBusIDs) != 0 {
-				busID = strings.ToLower(g.PCIBusIDs[k])
-			}
-			mm := busIDRE.FindStringSubmatch(busID)
-			if mm == nil {
-				return nil, fmt.Errorf("%s[%d]: %q is not a PCI address like 0000:18:00.0", field("pciBusIDs"), k, busID)
-			}
-			if other, dup := seenBus[busID]; dup {
-				return nil, fmt.Errorf("%s[%d]: %s is already used by %s", field("pciBusIDs"), k, busID, other)
-			}
-			seenBus[busID] = fmt.Sprintf("GPU %d", idx)
-			bus, _ := strconv.ParseUint(mm[2], 16, 8)
-			root := g.PCIeRoot
-			if root == "" {
-				root = fmt.Sprintf("pci%s:%02x", mm[1], bus&0xf0)
-			}
-			r.gpus = append(r.gpus, fakeGPU{
-				config: c, multiprocessors: sms, migCapable: mig, numaNode: numa,
-				busID: busID, bus: uint32(bus), pcieRoot: root,
-			})
+		if err := r.addGPUs(g, proto, field, seenBus); err != nil {
+			return nil, err
 		}
 	}
 	if p.NVLink != nil {
-		r.nvswitch = p.NVLink.NVSwitch
-		for bi, b := range p.NVLink.Bridges {
-			field := fmt.Sprintf("nvlink.bridges[%d]", bi)
-			for _, g := range b.GPUs {
-				if g < 0 || g >= len(r.gpus) {
-					return nil, fmt.Errorf("%s.gpus: index %d out of range (the profile has %d GPUs)", field, g, len(r.gpus))
-				}
-			}
-			if b.GPUs[0] == b.GPUs[1] {
-				return nil, fmt.Errorf("%s.gpus: a GPU cannot be bridged to itself", field)
-			}
-			// Checked here, each bridge alone: the sums below would
-			// overflow for bridges of 2⁶² links and pass their check.
-			if b.Links < 0 || b.Links > nvlinksPerGPU {
-				return nil, fmt.Errorf("%s.links: %d is out of range (0 to %d, 0 meaning 4)", field, b.Links, nvlinksPerGPU)
-			}
-			links := b.Links
-			if links == 0 {
-				links = 4
-			}
-			pair := [2]int{min(b.GPUs[0], b.GPUs[1]), max(b.GPUs[0], b.GPUs[1])}
-			if _, dup := r.links[pair]; dup {
-				return nil, fmt.Errorf("%s.gpus: GPUs %d and %d are already bridged", field, pair[0], pair[1])
-			}
-			r.links[pair] = links
-		}
-		if r.nvswitch && len(r.links) > 0 {
-			return nil, fmt.Errorf("nvlink: set either nvswitch or bridges, not both")
-		}
-		// A GPU's links are shared among its bridges; NVML numbers them 0..N-1.
-		used := make([]int, len(r.gpus))
-		for pair, n := range r.links {
-			used[pair[0]] += n
-			used[pair[1]] += n
-		}
-		for i, u := range used {
-			if u > nvlinksPerGPU {
-				return nil, fmt.Errorf("nvlink.bridges: GPU %d has %d links in all, more than %d", i, u, nvlinksPerGPU)
-			}
+		if err := r.resolveNVLink(p.NVLink); err != nil {
+			return nil, err
 		}
 	}
 	return r, nil
+}
+
+// resolve is what every GPU of the group is (model, then what the group
+// overrides), without its place (bus, PCIe root, NUMA node).
+func (g GPUSpec) resolve(field func(string) string) (fakeGPU, error) {
+	var m model
+	if g.Model != "" {
+		var ok bool
+		if m, ok = models[g.Model]; !ok {
+			return fakeGPU{}, fmt.Errorf("%s: unknown model %q (known: %s)", field("model"), g.Model, strings.Join(Models(), ", "))
+		}
+	}
+	c := m.config
+	if g.ProductName != "" {
+		c.Name = g.ProductName
+	}
+	if g.Architecture != "" {
+		a, ok := archs[g.Architecture]
+		if !ok {
+			known := make([]string, 0, len(archs))
+			for k := range archs {
+				known = append(known, k)
+			}
+			sort.Strings(known)
+			return fakeGPU{}, fmt.Errorf("%s: unknown architecture %q (known: %s)", field("architecture"), g.Architecture, strings.Join(known, ", "))
+		}
+		c.Architecture = a
+	}
+	if g.ComputeCapability != "" {
+		mm := ccRE.FindStringSubmatch(g.ComputeCapability)
+		if mm == nil {
+			return fakeGPU{}, fmt.Errorf("%s: %q is not MAJOR.MINOR", field("computeCapability"), g.ComputeCapability)
+		}
+		c.CudaMajor, _ = strconv.Atoi(mm[1])
+		c.CudaMinor, _ = strconv.Atoi(mm[2])
+	}
+	if g.Memory != "" {
+		mm := memRE.FindStringSubmatch(g.Memory)
+		if mm == nil {
+			return fakeGPU{}, fmt.Errorf("%s: %q is not a whole number of Mi, Gi or Ti", field("memory"), g.Memory)
+		}
+		v, err := strconv.ParseUint(mm[1], 10, 40)
+		if err != nil || v == 0 {
+			return fakeGPU{}, fmt.Errorf("%s: %q is out of range", field("memory"), g.Memory)
+		}
+		c.MemoryMB = v * map[string]uint64{"Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}[mm[2]]
+	}
+	sms := m.multiprocessors
+	if g.Multiprocessors < 0 {
+		return fakeGPU{}, fmt.Errorf("%s: must not be negative", field("multiprocessors"))
+	}
+	if g.Multiprocessors > 0 {
+		sms = g.Multiprocessors
+	}
+	mig := m.migCapable
+	if g.MIGCapable != nil {
+		mig = *g.MIGCapable
+	}
+	if mig && len(c.MIGProfiles.GpuInstanceProfiles) == 0 {
+		return fakeGPU{}, fmt.Errorf("%s: model %q has no MIG profiles in go-nvml's mock", field("migCapable"), g.Model)
+	}
+	// Without a model every attribute must be given.
+	switch {
+	case c.Name == "":
+		return fakeGPU{}, fmt.Errorf("%s: required when no model is given", field("productName"))
+	case c.Architecture == 0:
+		return fakeGPU{}, fmt.Errorf("%s: required when no model is given", field("architecture"))
+	case c.CudaMajor == 0:
+		return fakeGPU{}, fmt.Errorf("%s: required when no model is given", field("computeCapability"))
+	case c.MemoryMB == 0:
+		return fakeGPU{}, fmt.Errorf("%s: required when no model is given", field("memory"))
+	case sms == 0:
+		return fakeGPU{}, fmt.Errorf("%s: required when no model is given", field("multiprocessors"))
+	}
+	if c.Brand == 0 {
+		c.Brand = nvml.BRAND_NVIDIA
+	}
+	return fakeGPU{config: c, multiprocessors: sms, migCapable: mig}, nil
+}
+
+// addGPUs adds the group's GPUs to the profile, each in its place: the
+// bus IDs given or generated, its PCIe root and NUMA node.
+func (r *resolvedProfile) addGPUs(g GPUSpec, proto fakeGPU, field func(string) string, seenBus map[string]string) error {
+	count := g.Count
+	if count < 0 {
+		return fmt.Errorf("%s: must not be negative", field("count"))
+	}
+	if count == 0 {
+		count = 1
+	}
+	if len(r.gpus)+count > maxFakeGPUs {
+		return fmt.Errorf("%s: a profile holds at most %d GPUs", field("count"), maxFakeGPUs)
+	}
+	if len(g.PCIBusIDs) != 0 && len(g.PCIBusIDs) != count {
+		return fmt.Errorf("%s: has %d entries for %d GPUs", field("pciBusIDs"), len(g.PCIBusIDs), count)
+	}
+	if g.PCIeRoot != "" && !pcieRootRE.MatchString(g.PCIeRoot) {
+		return fmt.Errorf("%s: %q is not like pci0000:10", field("pcieRoot"), g.PCIeRoot)
+	}
+	numa := 0
+	if g.NUMANode != nil {
+		if *g.NUMANode < 0 {
+			return fmt.Errorf("%s: must not be negative", field("numaNode"))
+		}
+		numa = *g.NUMANode
+	}
+	for k := 0; k < count; k++ {
+		idx := len(r.gpus)
+		// Generated IDs give every GPU its own root complex, 16 buses apart.
+		busID := fmt.Sprintf("0000:%02x:00.0", 0x08+0x10*idx)
+		if len(g.PCIBusIDs) != 0 {
+			busID = strings.ToLower(g.PCIBusIDs[k])
+		}
+		mm := busIDRE.FindStringSubmatch(busID)
+		if mm == nil {
+			return fmt.Errorf("%s[%d]: %q is not a PCI address like 0000:18:00.0", field("pciBusIDs"), k, busID)
+		}
+		if other, dup := seenBus[busID]; dup {
+			return fmt.Errorf("%s[%d]: %s is already used by %s", field("pciBusIDs"), k, busID, other)
+		}
+		seenBus[busID] = fmt.Sprintf("GPU %d", idx)
+		bus, _ := strconv.ParseUint(mm[2], 16, 8)
+		root := g.PCIeRoot
+		if root == "" {
+			root = fmt.Sprintf("pci%s:%02x", mm[1], bus&0xf0)
+		}
+		gpu := proto
+		gpu.numaNode, gpu.busID, gpu.bus, gpu.pcieRoot = numa, busID, uint32(bus), root
+		r.gpus = append(r.gpus, gpu)
+	}
+	return nil
+}
+
+// resolveNVLink checks the NVLink bridges (or NVSwitch) against the
+// profile's GPUs and records them.
+func (r *resolvedProfile) resolveNVLink(nv *NVLinkSpec) error {
+	r.nvswitch = nv.NVSwitch
+	for bi, b := range nv.Bridges {
+		field := fmt.Sprintf("nvlink.bridges[%d]", bi)
+		for _, g := range b.GPUs {
+			if g < 0 || g >= len(r.gpus) {
+				return fmt.Errorf("%s.gpus: index %d out of range (the profile has %d GPUs)", field, g, len(r.gpus))
+			}
+		}
+		if b.GPUs[0] == b.GPUs[1] {
+			return fmt.Errorf("%s.gpus: a GPU cannot be bridged to itself", field)
+		}
+		// Checked here, each bridge alone: the sums below would
+		// overflow for bridges of 2⁶² links and pass their check.
+		if b.Links < 0 || b.Links > nvlinksPerGPU {
+			return fmt.Errorf("%s.links: %d is out of range (0 to %d, 0 meaning 4)", field, b.Links, nvlinksPerGPU)
+		}
+		links := b.Links
+		if links == 0 {
+			links = 4
+		}
+		pair := [2]int{min(b.GPUs[0], b.GPUs[1]), max(b.GPUs[0], b.GPUs[1])}
+		if _, dup := r.links[pair]; dup {
+			return fmt.Errorf("%s.gpus: GPUs %d and %d are already bridged", field, pair[0], pair[1])
+		}
+		r.links[pair] = links
+	}
+	if r.nvswitch && len(r.links) > 0 {
+		return fmt.Errorf("nvlink: set either nvswitch or bridges, not both")
+	}
+	// A GPU's links are shared among its bridges; NVML numbers them 0..N-1.
+	used := make([]int, len(r.gpus))
+	for pair, n := range r.links {
+		used[pair[0]] += n
+		used[pair[1]] += n
+	}
+	for i, u := range used {
+		if u > nvlinksPerGPU {
+			return fmt.Errorf("nvlink.bridges: GPU %d has %d links in all, more than %d", i, u, nvlinksPerGPU)
+		}
+	}
+	return nil
 }
 
 // nvlinksPerGPU is the number of NVLinks a fake GPU has (Hopper's 18).
