@@ -67,66 +67,19 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 	}
-	// A row source: a policy's replay, the ceiling or the bound (which
-	// places no pods, so it has no pod counts to print).
-	type runner struct {
-		name   string
-		run    func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error)
-		noPods bool
-	}
-	var pols []runner
-	seenPol := map[packing.Policy]bool{}
-	for _, s := range strings.Split(*policies, ",") {
-		if strings.TrimSpace(s) == "" {
-			return fail(fmt.Errorf("--policy %q: an empty policy name", *policies))
-		}
-		p, err := packing.ParsePolicy(s)
-		if err != nil {
-			return fail(err)
-		}
-		if seenPol[p] {
-			return fail(fmt.Errorf("--policy %q: %s is listed twice", *policies, p))
-		}
-		seenPol[p] = true
-		pols = append(pols, runner{name: p.String(), run: func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error) {
-			return openb.Replay(nodes, pods, openb.Config{Tune: *tune, Seed: seed, Policy: p})
-		}})
-	}
-	if *ceiling {
-		pols = append(pols, runner{name: "ceiling", run: func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error) {
-			c, err := openb.Ceiling(nodes, pods, *tune, seed, 1)
-			return c.Result, err
-		}})
-	}
-	if *bound {
-		pols = append(pols, runner{name: "bound", noPods: true, run: func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error) {
-			b, err := openb.Bound(nodes, pods, *tune, seed)
-			return b.Result, err
-		}})
+	pols, err := openbRunners(*policies, *tune, *ceiling, *bound)
+	if err != nil {
+		return fail(err)
 	}
 	if err := openb.CheckTune(*tune); err != nil {
 		return fail(fmt.Errorf("--tune: %w", err))
 	}
-	nodes, err := openb.LoadNodes(*nodesPath)
+	nodes, pods, err := loadOpenb(*nodesPath, *podsPath, stderr)
 	if err != nil {
-		return fail(fmt.Errorf("--nodes: %w", err))
+		return fail(err)
 	}
-	pods, err := openb.LoadPods(*podsPath)
-	if err != nil {
-		return fail(fmt.Errorf("--pods: %w", err))
-	}
-	// Checked before any output, so a table never starts and then stops.
-	if !slices.ContainsFunc(nodes, func(n openb.Node) bool { return n.GPUs > 0 }) {
-		return fail(fmt.Errorf("--nodes: %s lists no node with GPUs", *nodesPath))
-	}
-	// A model name that no node has is most likely a typo in the trace;
-	// such pods still arrive (and fail), as the protocol says, but say so.
-	if missing, n := openb.UnknownModels(nodes, pods); n > 0 {
-		fmt.Fprintf(stderr, "tessera-sim openb: warning: %d pods may use only GPU models that no node has (%s); they will fail\n", n, strings.Join(missing, ", "))
-	}
-	enc := json.NewEncoder(stdout)
-	multi := len(seedList) > 1 || len(pols) > 1
-	if !*asJSON && multi {
+	out := openbOutput{w: stdout, enc: json.NewEncoder(stdout), json: *asJSON, multi: len(seedList) > 1 || len(pols) > 1, tune: *tune}
+	if !out.json && out.multi {
 		fmt.Fprintf(stdout, "%-9s %6s %9s %10s %8s %8s %8s\n", "policy", "seed", "rate %", "allocated", "arrived", "placed", "failed")
 	}
 	for _, pol := range pols {
@@ -137,40 +90,128 @@ func openbMain(args []string, stdout, stderr io.Writer) int {
 				return fail(err)
 			}
 			sum += res.GPUAllocationRate
-			switch {
-			case *asJSON && multi:
-				enc.Encode(struct {
-					Policy string `json:"policy"`
-					openb.Result
-				}{pol.name, res})
-			case *asJSON:
-				enc.Encode(res)
-			case multi && pol.noPods:
-				fmt.Fprintf(stdout, "%-9s %6d %9.2f %10.2f %8d %8s %8s\n", pol.name, s, 100*res.GPUAllocationRate,
-					res.GPUAllocated, res.PodsArrived, "-", "-")
-			case multi:
-				fmt.Fprintf(stdout, "%-9s %6d %9.2f %10.2f %8d %8d %8d\n", pol.name, s, 100*res.GPUAllocationRate,
-					res.GPUAllocated, res.PodsArrived, res.PodsPlaced, res.PodsFailed)
-			default:
-				fmt.Fprintf(stdout, "policy %s, seed %d, tune %g: GPU allocation rate %.2f %% (%.2f of %d GPUs); pods arrived %d, placed %d, failed %d\n",
-					pol.name, s, *tune, 100*res.GPUAllocationRate, res.GPUAllocated, res.GPUCapacity, res.PodsArrived, res.PodsPlaced, res.PodsFailed)
+			if err := out.row(pol, s, res); err != nil {
+				return fail(err)
 			}
 		}
 		if len(seedList) > 1 {
-			mean := sum / float64(len(seedList))
-			if *asJSON {
-				enc.Encode(struct {
-					Policy string   `json:"policy"`
-					Mean   float64  `json:"meanGpuAllocationRate"`
-					Seeds  []uint64 `json:"seeds"`
-					Tune   float64  `json:"tune"`
-				}{pol.name, mean, seedList, *tune})
-			} else {
-				fmt.Fprintf(stdout, "%-9s %6s %9.2f\n", pol.name, "mean", 100*mean)
+			if err := out.mean(pol, sum/float64(len(seedList)), seedList); err != nil {
+				return fail(err)
 			}
 		}
 	}
 	return 0
+}
+
+// openbRunner is a row source: a policy's replay, the ceiling or the bound
+// (which places no pods, so it has no pod counts to print).
+type openbRunner struct {
+	name   string
+	run    func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error)
+	noPods bool
+}
+
+// openbRunners are the rows --policy, --ceiling and --bound ask for.
+func openbRunners(policies string, tune float64, ceiling, bound bool) ([]openbRunner, error) {
+	var pols []openbRunner
+	seenPol := map[packing.Policy]bool{}
+	for _, s := range strings.Split(policies, ",") {
+		if strings.TrimSpace(s) == "" {
+			return nil, fmt.Errorf("--policy %q: an empty policy name", policies)
+		}
+		p, err := packing.ParsePolicy(s)
+		if err != nil {
+			return nil, err
+		}
+		if seenPol[p] {
+			return nil, fmt.Errorf("--policy %q: %s is listed twice", policies, p)
+		}
+		seenPol[p] = true
+		pols = append(pols, openbRunner{name: p.String(), run: func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error) {
+			return openb.Replay(nodes, pods, openb.Config{Tune: tune, Seed: seed, Policy: p})
+		}})
+	}
+	if ceiling {
+		pols = append(pols, openbRunner{name: "ceiling", run: func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error) {
+			c, err := openb.Ceiling(nodes, pods, tune, seed, 1)
+			return c.Result, err
+		}})
+	}
+	if bound {
+		pols = append(pols, openbRunner{name: "bound", noPods: true, run: func(nodes []openb.Node, pods []openb.Pod, seed uint64) (openb.Result, error) {
+			b, err := openb.Bound(nodes, pods, tune, seed)
+			return b.Result, err
+		}})
+	}
+	return pols, nil
+}
+
+// loadOpenb reads the trace, checked before any output so that a table
+// never starts and then stops.
+func loadOpenb(nodesPath, podsPath string, stderr io.Writer) ([]openb.Node, []openb.Pod, error) {
+	nodes, err := openb.LoadNodes(nodesPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--nodes: %w", err)
+	}
+	pods, err := openb.LoadPods(podsPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--pods: %w", err)
+	}
+	if !slices.ContainsFunc(nodes, func(n openb.Node) bool { return n.GPUs > 0 }) {
+		return nil, nil, fmt.Errorf("--nodes: %s lists no node with GPUs", nodesPath)
+	}
+	// A model name that no node has is most likely a typo in the trace;
+	// such pods still arrive (and fail), as the protocol says, but say so.
+	if missing, n := openb.UnknownModels(nodes, pods); n > 0 {
+		fmt.Fprintf(stderr, "tessera-sim openb: warning: %d pods may use only GPU models that no node has (%s); they will fail\n", n, strings.Join(missing, ", "))
+	}
+	return nodes, pods, nil
+}
+
+// openbOutput prints results: a sentence for one policy and seed, a table
+// for several, or JSON lines.
+type openbOutput struct {
+	w           io.Writer
+	enc         *json.Encoder
+	json, multi bool
+	tune        float64
+}
+
+func (o openbOutput) row(pol openbRunner, seed uint64, res openb.Result) error {
+	switch {
+	case o.json && o.multi:
+		return o.enc.Encode(struct {
+			Policy string `json:"policy"`
+			openb.Result
+		}{pol.name, res})
+	case o.json:
+		return o.enc.Encode(res)
+	case o.multi && pol.noPods:
+		_, err := fmt.Fprintf(o.w, "%-9s %6d %9.2f %10.2f %8d %8s %8s\n", pol.name, seed, 100*res.GPUAllocationRate,
+			res.GPUAllocated, res.PodsArrived, "-", "-")
+		return err
+	case o.multi:
+		_, err := fmt.Fprintf(o.w, "%-9s %6d %9.2f %10.2f %8d %8d %8d\n", pol.name, seed, 100*res.GPUAllocationRate,
+			res.GPUAllocated, res.PodsArrived, res.PodsPlaced, res.PodsFailed)
+		return err
+	default:
+		_, err := fmt.Fprintf(o.w, "policy %s, seed %d, tune %g: GPU allocation rate %.2f %% (%.2f of %d GPUs); pods arrived %d, placed %d, failed %d\n",
+			pol.name, seed, o.tune, 100*res.GPUAllocationRate, res.GPUAllocated, res.GPUCapacity, res.PodsArrived, res.PodsPlaced, res.PodsFailed)
+		return err
+	}
+}
+
+func (o openbOutput) mean(pol openbRunner, mean float64, seeds []uint64) error {
+	if o.json {
+		return o.enc.Encode(struct {
+			Policy string   `json:"policy"`
+			Mean   float64  `json:"meanGpuAllocationRate"`
+			Seeds  []uint64 `json:"seeds"`
+			Tune   float64  `json:"tune"`
+		}{pol.name, mean, seeds, o.tune})
+	}
+	_, err := fmt.Fprintf(o.w, "%-9s %6s %9.2f\n", pol.name, "mean", 100*mean)
+	return err
 }
 
 // maxSeeds bounds --seeds (each seed is a full replay).
