@@ -129,37 +129,8 @@ var _ kubeletplugin.DRAPlugin = &Driver{}
 // Start restores the checkpoint, starts the kubelet plugin sockets and
 // publishes the node's GPUs. Stop (or cancelling ctx) stops it.
 func Start(ctx context.Context, opts Options) (*Driver, error) {
-	if opts.NodeName == "" {
-		return nil, errors.New("node name is required")
-	}
-	if opts.Inventory == nil {
-		return nil, errors.New("GPU inventory is required")
-	}
-	if opts.KubeClient == nil {
-		return nil, errors.New("Kubernetes client is required")
-	}
-	if opts.Mode != "" && !oneOfStrategies(opts.Mode) {
-		return nil, fmt.Errorf("sharing mode %q: want one of Exclusive, MPS, TimeSlicing", opts.Mode)
-	}
-	if opts.RegistrarDir == "" {
-		opts.RegistrarDir = kubeletplugin.KubeletRegistryDir
-	}
-	if opts.PluginDataDir == "" {
-		opts.PluginDataDir = filepath.Join(kubeletplugin.KubeletPluginsDir, DriverName)
-	}
-	if opts.CheckpointPath == "" {
-		opts.CheckpointPath = filepath.Join(opts.PluginDataDir, CheckpointFile)
-	}
-	if opts.BootIDPath == "" {
-		opts.BootIDPath = DefaultBootIDPath
-	}
-	for _, dir := range []string{opts.RegistrarDir, opts.PluginDataDir} {
-		if err := os.MkdirAll(dir, 0o750); err != nil {
-			return nil, fmt.Errorf("creating %s: %w", dir, err)
-		}
-	}
-	if opts.ReconcileInterval == 0 {
-		opts.ReconcileInterval = time.Minute
+	if err := opts.complete(); err != nil {
+		return nil, err
 	}
 	logger := klog.FromContext(ctx)
 
@@ -189,28 +160,9 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		d.devices[DeviceName(g.Index)] = g
 		d.byUUID[g.UUID] = g
 	}
-
-	if d.cdi, err = cdi.New(opts.CDI); err != nil {
-		return nil, fmt.Errorf("CDI: %w", err)
-	}
-	var mps *sharing.MPSManager
-	if opts.MPS != nil {
-		// A root too long for the daemons' sockets fails here, at start, and
-		// not at the first MPS claim.
-		if err := sharing.CheckRoot(opts.MPS.Root); err != nil {
-			return nil, err
-		}
-		mps = sharing.NewMPSManager(opts.Inventory, *opts.MPS)
-	}
-	d.sharing = sharing.NewManager(opts.Inventory, mps)
-	d.metrics = newMetrics(opts.Registerer, func() float64 { return float64(d.sharing.MPSDaemons()) }, func() float64 {
-		if mps == nil {
-			return 0
-		}
-		return float64(mps.Restarts())
-	})
-	for _, g := range devs {
-		d.metrics.gpuHealthy.WithLabelValues(DeviceName(g.Index), g.UUID).Set(1)
+	mps, err := d.newSharing()
+	if err != nil {
+		return nil, err
 	}
 
 	d.ctx, d.cancel = context.WithCancelCause(ctx)
@@ -250,29 +202,103 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		d.Stop()
 		return nil, err
 	}
+	d.startLoops(logger, events)
+	started = true
+	d.ready.Store(true)
+	logger.Info("Tessera DRA plugin started", "node", opts.NodeName, "gpus", len(devs), "checkpoint", opts.CheckpointPath, "preparedClaims", len(d.ckpt.Claims))
+	return d, nil
+}
+
+// complete checks the options, fills in the defaults and creates the
+// kubelet plugin directories.
+func (opts *Options) complete() error {
+	if opts.NodeName == "" {
+		return errors.New("node name is required")
+	}
+	if opts.Inventory == nil {
+		return errors.New("GPU inventory is required")
+	}
+	if opts.KubeClient == nil {
+		return errors.New("Kubernetes client is required")
+	}
+	if opts.Mode != "" && !oneOfStrategies(opts.Mode) {
+		return fmt.Errorf("sharing mode %q: want one of Exclusive, MPS, TimeSlicing", opts.Mode)
+	}
+	if opts.RegistrarDir == "" {
+		opts.RegistrarDir = kubeletplugin.KubeletRegistryDir
+	}
+	if opts.PluginDataDir == "" {
+		opts.PluginDataDir = filepath.Join(kubeletplugin.KubeletPluginsDir, DriverName)
+	}
+	if opts.CheckpointPath == "" {
+		opts.CheckpointPath = filepath.Join(opts.PluginDataDir, CheckpointFile)
+	}
+	if opts.BootIDPath == "" {
+		opts.BootIDPath = DefaultBootIDPath
+	}
+	for _, dir := range []string{opts.RegistrarDir, opts.PluginDataDir} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return fmt.Errorf("creating %s: %w", dir, err)
+		}
+	}
+	if opts.ReconcileInterval == 0 {
+		opts.ReconcileInterval = time.Minute
+	}
+	return nil
+}
+
+// newSharing sets up CDI, the sharing manager (with MPS when configured)
+// and the metrics that read them.
+func (d *Driver) newSharing() (*sharing.MPSManager, error) {
+	opts := d.opts
+	var err error
+	if d.cdi, err = cdi.New(opts.CDI); err != nil {
+		return nil, fmt.Errorf("CDI: %w", err)
+	}
+	var mps *sharing.MPSManager
+	if opts.MPS != nil {
+		// A root too long for the daemons' sockets fails here, at start, and
+		// not at the first MPS claim.
+		if err := sharing.CheckRoot(opts.MPS.Root); err != nil {
+			return nil, err
+		}
+		mps = sharing.NewMPSManager(opts.Inventory, *opts.MPS)
+	}
+	d.sharing = sharing.NewManager(opts.Inventory, mps)
+	d.metrics = newMetrics(opts.Registerer, func() float64 { return float64(d.sharing.MPSDaemons()) }, func() float64 {
+		if mps == nil {
+			return 0
+		}
+		return float64(mps.Restarts())
+	})
+	for _, g := range d.sorted {
+		d.metrics.gpuHealthy.WithLabelValues(DeviceName(g.Index), g.UUID).Set(1)
+	}
+	return mps, nil
+}
+
+// startLoops starts what runs beside the plugin: the health watch, the
+// clique label and the periodic reconcile.
+func (d *Driver) startLoops(logger klog.Logger, events <-chan gpu.HealthEvent) {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
 		d.watchHealth(d.ctx, events)
 	}()
-	if clique := nodeClique(logger, devs); opts.LabelClique && clique != "" {
+	if clique := nodeClique(logger, d.sorted); d.opts.LabelClique && clique != "" {
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
 			d.labelClique(d.ctx, clique)
 		}()
 	}
-	if opts.ReconcileInterval > 0 {
+	if d.opts.ReconcileInterval > 0 {
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
-			d.reconcileEvery(d.ctx, opts.ReconcileInterval)
+			d.reconcileEvery(d.ctx, d.opts.ReconcileInterval)
 		}()
 	}
-	started = true
-	d.ready.Store(true)
-	logger.Info("Tessera DRA plugin started", "node", opts.NodeName, "gpus", len(devs), "checkpoint", opts.CheckpointPath, "preparedClaims", len(d.ckpt.Claims))
-	return d, nil
 }
 
 // watchRegistration records the kubelet's registration verdict for the
