@@ -108,7 +108,9 @@ func (c *Child) Signal(sig syscall.Signal) error {
 // it is reaped.
 func (c *Child) Kill() {
 	p := c.proc()
-	_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
+	if done, _ := p.Exited(); !done { // an exited one's group id may be reused
+		_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
+	}
 	p.Stop(time.Second) // reaps; the group is dead already
 }
 
@@ -122,17 +124,55 @@ func (c *Child) Resume() error { return c.Signal(syscall.SIGCONT) }
 // Paused says whether the child is stopped by a signal (SIGSTOP from Pause
 // or from the child itself), read from /proc/<pid>/stat.
 func (c *Child) Paused() bool {
-	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(c.Pid()), "stat"))
+	switch state(c.Pid()) {
+	case "T", "t":
+		return true
+	case "D":
+		// Stopped while it vforked (a shell starting a command, Go's
+		// os/exec): the child stopped before its exec, and the parent
+		// waits for it uninterruptibly — as frozen as a stopped process.
+		// Seen in TestChild, about once in 25 runs.
+		kids := children(c.Pid())
+		for _, k := range kids {
+			if st := state(k); st != "T" && st != "t" {
+				return false
+			}
+		}
+		return len(kids) > 0
+	}
+	return false
+}
+
+// state is process pid's state letter in /proc/<pid>/stat ("?" when it
+// cannot be read).
+func state(pid int) string {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
 	if err != nil {
-		return false
+		return "?"
 	}
 	// pid (comm) state ...; comm may hold spaces and parentheses.
 	s := string(data)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 || i+2 >= len(s) {
-		return false
+		return "?"
 	}
-	return s[i+2] == 'T' || s[i+2] == 't'
+	return s[i+2 : i+3]
+}
+
+// children are the pids of process pid's children.
+func children(pid int) []int {
+	p := strconv.Itoa(pid)
+	data, err := os.ReadFile(filepath.Join("/proc", p, "task", p, "children"))
+	if err != nil {
+		return nil
+	}
+	var kids []int
+	for _, f := range strings.Fields(string(data)) {
+		if k, err := strconv.Atoi(f); err == nil {
+			kids = append(kids, k)
+		}
+	}
+	return kids
 }
 
 // WaitPaused waits until the child is stopped (see Paused), it exits, or
@@ -144,7 +184,7 @@ func (c *Child) WaitPaused(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s to pause: %w", c.Name, ctx.Err())
+			return fmt.Errorf("waiting for %s to pause (state %s): %w", c.Name, state(c.Pid()), ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -181,7 +221,11 @@ func (c *Child) Wait(ctx context.Context) (int, error) {
 // SIGTERM), SIGTERM, then SIGKILL after grace. It returns the exit code.
 func (c *Child) Stop(grace time.Duration) int {
 	p := c.proc()
-	_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGCONT)
+	// Only to a child still running: an exited one's group id may be
+	// another process's by now.
+	if done, _ := p.Exited(); !done {
+		_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGCONT)
+	}
 	p.Stop(grace)
 	return p.Cmd.ProcessState.ExitCode()
 }
