@@ -3,10 +3,18 @@
 // kubelet, tessera-node, tessera-controller): each in its own process group
 // with its output in a log file, stopped by SIGTERM then SIGKILL, and never
 // outliving its parent.
+//
+// A process group is signalled only while its leader is not yet reaped: a
+// reaped leader whose group has emptied frees its id, and with pids
+// wrapping (pid_max is 32768 on some machines) kill(-pgid) could then hit
+// another test's process. So the reaper first waits for the leader's exit
+// without reaping it (waitid with WNOWAIT: the zombie keeps its id), kills
+// what the leader left in its group, and only then reaps.
 package childproc
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -14,9 +22,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 )
 
@@ -26,9 +36,20 @@ type Process struct {
 	Cmd     *exec.Cmd
 	LogPath string // dir/<name>.log; its first line is the command line
 	logFile *os.File
-	done    chan struct{} // closed when the process has exited
+	done    chan struct{} // closed when the process has exited and is reaped
 	err     error         // Wait's result, valid once done is closed
+
+	mu      sync.Mutex
+	reaping bool // set before the reap: no group signal may follow
 }
+
+// ErrReaped is returned by Signal once the process is (being) reaped: its
+// group id may belong to another process by then.
+var ErrReaped = errors.New("process exited and was reaped")
+
+// killGroup sends sig to process group pgid; tests replace it to watch the
+// order of signals and reaping.
+var killGroup = func(pgid int, sig syscall.Signal) error { return syscall.Kill(-pgid, sig) }
 
 // Start starts bin with args in dir, in its own process group (so Stop can
 // signal everything it spawned), with env added to this process's
@@ -53,12 +74,54 @@ func Start(dir, name, bin string, args, env []string) (*Process, error) {
 	}
 	p := &Process{Name: name, Cmd: cmd, LogPath: logPath, logFile: f, done: make(chan struct{})}
 	_ = os.WriteFile(filepath.Join(dir, name+".pid"), []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o644)
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
+	go p.reap()
 	klog.V(2).InfoS("Started test-cluster process", "name", name, "pid", cmd.Process.Pid)
 	return p, nil
+}
+
+// reap waits for the leader to exit, kills what it left in its group while
+// the unreaped leader still holds the group's id, then reaps it.
+func (p *Process) reap() {
+	pid := p.Cmd.Process.Pid
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if err == nil {
+			break
+		}
+		if err != unix.EINTR {
+			// Not expected for our own child; reaping still works, only
+			// the leftovers in the group are not killed.
+			klog.InfoS("Waiting for a test-cluster process without reaping it failed", "name", p.Name, "pid", pid, "err", err)
+			p.mu.Lock()
+			p.reaping = true
+			p.mu.Unlock()
+			p.err = p.Cmd.Wait()
+			close(p.done)
+			return
+		}
+	}
+	p.mu.Lock()
+	_ = killGroup(pid, syscall.SIGKILL) // the leader is a zombie: the id is still its own
+	p.reaping = true
+	p.mu.Unlock()
+	p.err = p.Cmd.Wait()
+	close(p.done)
+}
+
+// Signal sends sig to the process's group. It returns ErrReaped (and sends
+// nothing) once the leader has exited and is being reaped; the group's
+// leftovers are killed before that.
+func (p *Process) Signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.reaping {
+		return fmt.Errorf("signalling %s (pid %d): %w", p.Name, p.Cmd.Process.Pid, ErrReaped)
+	}
+	if err := killGroup(p.Cmd.Process.Pid, sig); err != nil {
+		return fmt.Errorf("signalling %s (pid %d) with %v: %w", p.Name, p.Cmd.Process.Pid, sig, err)
+	}
+	return nil
 }
 
 // Exited reports whether the process has already ended, and how.
@@ -72,23 +135,29 @@ func (p *Process) Exited() (bool, error) {
 }
 
 // Stop sends SIGTERM to the process group, waits up to grace, then SIGKILLs
-// it. It always waits for the process to be reaped, and kills whatever the
-// process left in its group.
+// it. It always waits for the process to be reaped; whatever the process
+// left in its group is killed before that (see reap).
 func (p *Process) Stop(grace time.Duration) {
 	defer p.logFile.Close()
-	pgid := p.Cmd.Process.Pid // Setpgid: the group id is the child's pid
-	if done, _ := p.Exited(); !done {
-		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	pid := p.Cmd.Process.Pid
+	if p.Signal(syscall.SIGTERM) == nil {
 		select {
 		case <-p.done:
 		case <-time.After(grace):
-			klog.InfoS("Test-cluster process ignored SIGTERM, killing it", "name", p.Name, "pid", pgid)
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
-			<-p.done
+			klog.InfoS("Test-cluster process ignored SIGTERM, killing it", "name", p.Name, "pid", pid)
+			_ = p.Signal(syscall.SIGKILL)
 		}
 	}
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	klog.V(2).InfoS("Stopped test-cluster process", "name", p.Name, "pid", pgid)
+	<-p.done
+	klog.V(2).InfoS("Stopped test-cluster process", "name", p.Name, "pid", pid)
+}
+
+// Kill SIGKILLs the process group (a crash: nothing runs after it) and
+// waits until the process is reaped.
+func (p *Process) Kill() {
+	defer p.logFile.Close()
+	_ = p.Signal(syscall.SIGKILL)
+	<-p.done
 }
 
 // Tail returns the last n lines of the process's log.

@@ -96,23 +96,13 @@ func (c *Child) proc() *childproc.Process {
 // Pid is the process id of the current process (it changes on Restart).
 func (c *Child) Pid() int { return c.proc().Cmd.Process.Pid }
 
-// Signal sends sig to the child's process group.
-func (c *Child) Signal(sig syscall.Signal) error {
-	if err := syscall.Kill(-c.Pid(), sig); err != nil {
-		return fmt.Errorf("%s: sending %v: %w", c.Name, sig, err)
-	}
-	return nil
-}
+// Signal sends sig to the child's process group (an error once the child
+// has exited: its group id may be another process's by then).
+func (c *Child) Signal(sig syscall.Signal) error { return c.proc().Signal(sig) }
 
 // Kill SIGKILLs the child (a crash: nothing runs after it) and waits until
 // it is reaped.
-func (c *Child) Kill() {
-	p := c.proc()
-	if done, _ := p.Exited(); !done { // an exited one's group id may be reused
-		_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
-	}
-	p.Stop(time.Second) // reaps; the group is dead already
-}
+func (c *Child) Kill() { c.proc().Kill() }
 
 // Pause freezes the child with SIGSTOP: its goroutines, timers and
 // connections stay as they are until Resume.
@@ -221,11 +211,7 @@ func (c *Child) Wait(ctx context.Context) (int, error) {
 // SIGTERM), SIGTERM, then SIGKILL after grace. It returns the exit code.
 func (c *Child) Stop(grace time.Duration) int {
 	p := c.proc()
-	// Only to a child still running: an exited one's group id may be
-	// another process's by now.
-	if done, _ := p.Exited(); !done {
-		_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGCONT)
-	}
+	_ = p.Signal(syscall.SIGCONT) // sends nothing to an exited child
 	p.Stop(grace)
 	return p.Cmd.ProcessState.ExitCode()
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"syscall"
 	"testing"
 	"time"
 
@@ -30,9 +29,10 @@ func (cp *ControlPlane) StopAPIServer(kill bool) error {
 		return fmt.Errorf("stopping kube-apiserver: it is not running")
 	}
 	if kill {
-		_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
+		p.Kill()
+	} else {
+		p.Stop(15 * time.Second)
 	}
-	p.Stop(15 * time.Second) // SIGTERM (a no-op after the kill), waits, reaps
 	cp.apiDown = true
 	return nil
 }
