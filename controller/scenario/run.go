@@ -483,9 +483,38 @@ func clonePlacement(p core.Placement) core.Placement {
 func (r *runner) cycle(c int, now time.Time) (quiet bool, err error) {
 	r.cyclesRun++
 	r.tracef("%s: cycle %d\n", r.spec.Name, c)
-	bound := 0
-	// Last cycle's binds now run; pods nominated onto capacity that last
-	// cycle's evictions freed are bound now.
+	bound := r.promotePods()
+	r.trackStaleGangs(now)
+	res, elapsed, err := r.schedule(now)
+	if err != nil {
+		return false, err
+	}
+	r.last = res
+
+	// Evictions first, in decision order: the pods keep their capacity until
+	// the end of the cycle.
+	problems, moving := r.applyEvictions(res.Evictions, now)
+	boundNow, bindProblems := r.applyBinds(res.Binds, now)
+	bound += boundNow
+	problems = append(problems, bindProblems...)
+	// Before the evicted pods leave, the pods bound right away must fit next
+	// to them; afterwards, everyone holding capacity must fit.
+	problems = append(problems, r.checkCapacity(moving, false)...)
+	r.recreateEvicted()
+	problems = append(problems, r.checkCapacity(nil, true)...)
+	problems = append(problems, r.recordPending(res.Pending)...)
+	r.traceQueues(res)
+	for _, pr := range problems {
+		r.tracef("  PROBLEM  %s\n", pr)
+		r.failures = append(r.failures, fmt.Sprintf("cycle %d: %s", c, pr))
+	}
+	return r.reportCycle(c, res, bound, elapsed), nil
+}
+
+// promotePods starts the cycle: last cycle's binds now run; pods nominated
+// onto capacity that last cycle's evictions freed are bound now. It returns
+// how many it bound.
+func (r *runner) promotePods() (bound int) {
 	for _, p := range r.pods {
 		switch p.state {
 		case StateBound:
@@ -496,9 +525,13 @@ func (r *runner) cycle(c int, now time.Time) (quiet bool, err error) {
 			r.tracef("  bind     %s → %s (nominated last cycle)\n", p.spec.Name, placementString(p.place))
 		}
 	}
-	// Stale-gang bookkeeping, as the controller's adapter keeps it: when a
-	// job was first seen with some but fewer than minMember pods placed
-	// (or fewer than a subgroup's minimum).
+	return bound
+}
+
+// trackStaleGangs keeps the stale-gang bookkeeping as the controller's
+// adapter keeps it: when a job was first seen with some but fewer than
+// minMember pods placed (or fewer than a subgroup's minimum).
+func (r *runner) trackStaleGangs(now time.Time) {
 	for ji := range r.spec.Jobs {
 		j := &r.spec.Jobs[ji]
 		if l := r.jobs[ji]; !l.arrived || l.finished {
@@ -512,29 +545,32 @@ func (r *runner) cycle(c int, now time.Time) (quiet bool, err error) {
 			delete(r.since, j.Name)
 		}
 	}
+}
 
+// schedule runs the core on the snapshot of now and returns its result and
+// how long the core took.
+func (r *runner) schedule(now time.Time) (*core.Result, time.Duration, error) {
 	snap := r.snapshot(now)
 	start := time.Now()
 	res, err := core.Schedule(snap, r.cfg)
 	elapsed := time.Since(start)
 	if err != nil {
-		return false, fmt.Errorf("core: %w", err)
+		return nil, 0, fmt.Errorf("core: %w", err)
 	}
 	if res == nil {
-		return false, fmt.Errorf("core returned no result")
+		return nil, 0, fmt.Errorf("core returned no result")
 	}
 	if len(res.Problems) > 0 {
 		// The loader refuses what the core would; a problem here is a bug.
-		return false, fmt.Errorf("core: the snapshot has problems: %s: %s", res.Problems[0].Object, res.Problems[0].Reason)
+		return nil, 0, fmt.Errorf("core: the snapshot has problems: %s: %s", res.Problems[0].Object, res.Problems[0].Reason)
 	}
-	r.last = res
+	return res, elapsed, nil
+}
 
-	var problems []string
-	// Evictions first, in decision order: the pods keep their capacity until
-	// the end of the cycle.
-	// moving keeps the old placement of pods that consolidation moves.
-	var moving []*simPod
-	for _, e := range res.Evictions {
+// applyEvictions applies the core's evictions in decision order. moving
+// keeps the old placement of pods that consolidation moves.
+func (r *runner) applyEvictions(evictions []core.Eviction, now time.Time) (problems []string, moving []*simPod) {
+	for _, e := range evictions {
 		p := r.byName[e.Pod]
 		if p == nil {
 			problems = append(problems, fmt.Sprintf("core evicted unknown pod %s", e.Pod))
@@ -561,7 +597,13 @@ func (r *runner) cycle(c int, now time.Time) (quiet bool, err error) {
 			p.reason = fmt.Sprintf("evicted (%s): %s", e.Action, e.Reason)
 		}
 	}
-	for _, b := range res.Binds {
+	return problems, moving
+}
+
+// applyBinds applies the core's binds: a pipelined bind nominates the pod,
+// bound at the start of the next cycle. It returns how many it bound now.
+func (r *runner) applyBinds(binds []core.Bind, now time.Time) (bound int, problems []string) {
+	for _, b := range binds {
 		p := r.byName[b.Pod]
 		if p == nil {
 			problems = append(problems, fmt.Sprintf("core bound unknown pod %s", b.Pod))
@@ -582,21 +624,26 @@ func (r *runner) cycle(c int, now time.Time) (quiet bool, err error) {
 			r.tracef("  bind     %s → %s (%s)\n", b.Pod, placementString(p.place), actionLabel(b.Action, b.Plan))
 		}
 	}
-	// Before the evicted pods leave, the pods bound right away must fit next
-	// to them; afterwards, everyone holding capacity must fit.
-	problems = append(problems, r.checkCapacity(moving, false)...)
+	return bound, problems
+}
+
+// recreateEvicted ends the evicted pods' cycle: its job's controller
+// recreates each as a new pending pod of the same job, keeping the job's age.
+func (r *runner) recreateEvicted() {
 	for _, p := range r.pods {
 		if p.state == "evicting" {
-			// Its job's controller recreates it: a new pending pod of the
-			// same job, keeping the job's age.
 			p.state = StatePending
 			p.place = core.Placement{}
 		}
 	}
-	problems = append(problems, r.checkCapacity(nil, true)...)
+}
 
+// recordPending gives every pending pod the core's reason (an evicted pod
+// keeps its eviction as the reason when the core gives none) and reports a
+// pending pod without one.
+func (r *runner) recordPending(pending []core.PendingPod) (problems []string) {
 	reasons := map[string]string{}
-	for _, pp := range res.Pending {
+	for _, pp := range pending {
 		reasons[pp.Pod] = pp.Reason
 	}
 	for _, p := range r.pods {
@@ -611,14 +658,19 @@ func (r *runner) cycle(c int, now time.Time) (quiet bool, err error) {
 		}
 		r.tracef("  pending  %s: %s\n", p.spec.Name, p.reason)
 	}
+	return problems
+}
+
+func (r *runner) traceQueues(res *core.Result) {
 	for _, q := range r.spec.Queues {
 		st := res.Queues[q.Name]
 		r.tracef("  queue    %s: gpu fair share %s, allocated %s\n", q.Name, formatMilli(st.FairShare[core.ResGPU]), formatMilli(st.Allocated[core.ResGPU]))
 	}
-	for _, pr := range problems {
-		r.tracef("  PROBLEM  %s\n", pr)
-		r.failures = append(r.failures, fmt.Sprintf("cycle %d: %s", c, pr))
-	}
+}
+
+// reportCycle records cycle c's report and says whether the cycle was
+// quiet (bound and evicted nothing).
+func (r *runner) reportCycle(c int, res *core.Result, bound int, elapsed time.Duration) (quiet bool) {
 	cr := CycleReport{Bound: bound, Evicted: len(res.Evictions)}
 	if r.opts.Timing {
 		cr.DurationMs = float64(elapsed.Microseconds()) / 1000
@@ -629,12 +681,12 @@ func (r *runner) cycle(c int, now time.Time) (quiet bool, err error) {
 		if quiet {
 			// A timed run lists the cycles that did something, so that a
 			// run that skips the others reports the same.
-			return true, nil
+			return true
 		}
 		cr.Cycle = c
 	}
 	r.cycles = append(r.cycles, cr)
-	return quiet, nil
+	return quiet
 }
 
 func (r *runner) fillPlacementFrom(p *Pod, pl core.Placement) core.Placement {
