@@ -357,21 +357,52 @@ func arrivals(s *Spec) {
 }
 
 func normalizeJobs(in []fileJob, queues []Queue, nodes []Node, timed bool) ([]Job, error) {
-	qidx := map[string]*Queue{}
-	for i := range queues {
-		qidx[queues[i].Name] = &queues[i]
-	}
-	maxGPUs, maxMem := 0, int64(0)
-	for _, n := range nodes {
-		maxGPUs = max(maxGPUs, n.GPUs)
-		if n.GPUs > 0 {
-			maxMem = max(maxMem, n.GPUMemory)
-		}
+	jn := newJobNormalizer(queues, nodes, timed)
+	expanded, err := expandRepeats(in, timed)
+	if err != nil {
+		return nil, err
 	}
 	var out []Job
-	totalPods := 0
-	jobNames := map[string]bool{}
-	podNames := map[string]string{}
+	for i, fj := range expanded {
+		j, err := jn.job(i, fj)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, j)
+	}
+	return out, nil
+}
+
+// jobNormalizer carries what normalizing one job needs from the others and
+// from the nodes: names taken, pods counted, the largest GPU request a node
+// can hold.
+type jobNormalizer struct {
+	qidx      map[string]*Queue
+	maxGPUs   int
+	maxMem    int64
+	timed     bool
+	totalPods int
+	jobNames  map[string]bool
+	podNames  map[string]string
+}
+
+func newJobNormalizer(queues []Queue, nodes []Node, timed bool) *jobNormalizer {
+	jn := &jobNormalizer{qidx: map[string]*Queue{}, timed: timed, jobNames: map[string]bool{}, podNames: map[string]string{}}
+	for i := range queues {
+		jn.qidx[queues[i].Name] = &queues[i]
+	}
+	for _, n := range nodes {
+		jn.maxGPUs = max(jn.maxGPUs, n.GPUs)
+		if n.GPUs > 0 {
+			jn.maxMem = max(jn.maxMem, n.GPUMemory)
+		}
+	}
+	return jn
+}
+
+// expandRepeats replaces each job that repeats (timed runs only) with its
+// copies, within the scenario's limit on jobs.
+func expandRepeats(in []fileJob, timed bool) ([]fileJob, error) {
 	var expanded []fileJob
 	for i, fj := range in {
 		p := listElem("jobs", fj.Name, i)
@@ -387,115 +418,135 @@ func normalizeJobs(in []fileJob, queues []Queue, nodes []Node, timed bool) ([]Jo
 		}
 		expanded = append(expanded, copies...)
 	}
-	for i, fj := range expanded {
-		p := listElem("jobs", fj.Name, i)
-		if fj.Name == "" {
-			return nil, ferr(p+".name", "required")
-		}
-		if jobNames[fj.Name] {
-			return nil, ferr(p+".name", "job %s is defined twice", fj.Name)
-		}
-		jobNames[fj.Name] = true
-		j := Job{Name: fj.Name, Queue: fj.Queue, Priority: defaultPriority, CreatedAt: int64(i)}
-		if j.Queue == "" {
-			j.Queue = "default"
-		}
-		q, ok := qidx[j.Queue]
-		if !ok {
-			if fj.Queue == "" {
-				return nil, ferr(p+".queue", "not set, and there is no queue named default")
-			}
-			return nil, ferr(p+".queue", "queue %s is not defined", j.Queue)
-		}
-		if !q.Leaf {
-			return nil, ferr(p+".queue", "queue %s is a parent queue; only leaf queues hold jobs", j.Queue)
-		}
-		if fj.Priority != nil {
-			j.Priority = *fj.Priority
-		}
-		j.Preemptible = j.Priority < 100
-		if fj.Preemptible != nil {
-			j.Preemptible = *fj.Preemptible
-		}
-		switch fj.PreemptionPolicy {
-		case "", "PreemptLowerPriority":
-		case "Never":
-			j.NeverEvicts = true
-		default:
-			return nil, ferr(p+".preemptionPolicy", "%q is not PreemptLowerPriority or Never", fj.PreemptionPolicy)
-		}
-		switch d := core.Disruption(fj.Disruption); d {
-		case core.DisruptionGang, core.DisruptionSingle, core.DisruptionAll:
-			j.Disruption = string(d)
-		default:
-			return nil, ferr(p+".disruption", "%q is not single or all", fj.Disruption)
-		}
-		if fj.CreatedAt != nil {
-			v, err := parseDecimal(fj.CreatedAt.raw)
-			if err != nil || !v.IsInt() || v.Sign() < 0 || !v.Num().IsInt64() {
-				return nil, ferr(p+".createdAt", "%q is not a whole number of seconds ≥ 0", fj.CreatedAt.raw)
-			}
-			j.CreatedAt = v.Num().Int64()
-			if j.CreatedAt > maxCreatedAt {
-				return nil, ferr(p+".createdAt", "%s seconds is out of range (0 to %d)", fj.CreatedAt.raw, int64(maxCreatedAt))
-			}
-		}
-		if err := normalizeJobTime(&fj, p, timed, &j); err != nil {
-			return nil, err
-		}
-		if len(fj.Pods) == 0 {
-			return nil, ferr(p+".pods", "a job needs at least one pod")
-		}
-		for k, fp := range fj.Pods {
-			pp := fmt.Sprintf("%s.pods[%d]", p, k)
-			pod, count, err := normalizePod(&fp, pp, maxGPUs, maxMem)
-			if err != nil {
-				return nil, err
-			}
-			if totalPods += count; totalPods > maxPods {
-				return nil, ferr(pp+".count", "brings the pods to %d; a scenario may have at most %d", totalPods, maxPods)
-			}
-			for c := 0; c < count; c++ {
-				pc := pod
-				pc.Index = len(j.Pods)
-				pc.FileIndex = k
-				pc.SubGroup = fp.SubGroup
-				pc.Name = j.Name + "-" + strconv.Itoa(pc.Index)
-				if other, dup := podNames[pc.Name]; dup {
-					return nil, ferr(pp, "pod name %s is taken by job %s; rename one of the jobs", pc.Name, other)
-				}
-				podNames[pc.Name] = j.Name
-				if fp.Running != nil {
-					pl := &Placement{Node: fp.Running.Node}
-					if fp.Running.GPUs != nil {
-						g, err := runningGPUs(&pc, fp.Running.GPUs, c, count, pp+".running.gpus")
-						if err != nil {
-							return nil, err
-						}
-						pl.GPUs = g
-					}
-					pc.Running = pl
-				}
-				j.Pods = append(j.Pods, pc)
-			}
-		}
-		if j.ArriveAt > 0 && slices.ContainsFunc(j.Pods, func(p Pod) bool { return p.Running != nil }) {
-			return nil, ferr(p+".arriveAt", "a job that arrives later has no running pods at the start")
-		}
-		j.MinMember = len(j.Pods)
-		if fj.MinMember != nil {
-			if *fj.MinMember < 1 || *fj.MinMember > len(j.Pods) {
-				return nil, ferr(p+".minMember", "%d is out of range (1 to the job's %d pods)", *fj.MinMember, len(j.Pods))
-			}
-			j.MinMember = *fj.MinMember
-		}
-		if err := normalizeSubGroups(&j, fj, p); err != nil {
-			return nil, err
-		}
-		j.Topology = constraint(fj.Topology)
-		out = append(out, j)
+	return expanded, nil
+}
+
+// job normalizes the i-th job (after repeats are expanded).
+func (jn *jobNormalizer) job(i int, fj fileJob) (Job, error) {
+	p := listElem("jobs", fj.Name, i)
+	j, err := jn.jobSettings(i, &fj, p)
+	if err != nil {
+		return Job{}, err
 	}
-	return out, nil
+	if err := normalizeJobTime(&fj, p, jn.timed, &j); err != nil {
+		return Job{}, err
+	}
+	if len(fj.Pods) == 0 {
+		return Job{}, ferr(p+".pods", "a job needs at least one pod")
+	}
+	for k, fp := range fj.Pods {
+		if err := jn.pods(&j, &fp, k, fmt.Sprintf("%s.pods[%d]", p, k)); err != nil {
+			return Job{}, err
+		}
+	}
+	if j.ArriveAt > 0 && slices.ContainsFunc(j.Pods, func(p Pod) bool { return p.Running != nil }) {
+		return Job{}, ferr(p+".arriveAt", "a job that arrives later has no running pods at the start")
+	}
+	j.MinMember = len(j.Pods)
+	if fj.MinMember != nil {
+		if *fj.MinMember < 1 || *fj.MinMember > len(j.Pods) {
+			return Job{}, ferr(p+".minMember", "%d is out of range (1 to the job's %d pods)", *fj.MinMember, len(j.Pods))
+		}
+		j.MinMember = *fj.MinMember
+	}
+	if err := normalizeSubGroups(&j, fj, p); err != nil {
+		return Job{}, err
+	}
+	j.Topology = constraint(fj.Topology)
+	return j, nil
+}
+
+// jobSettings reads a job's name, queue, priority, preemption and
+// disruption settings and creation time.
+func (jn *jobNormalizer) jobSettings(i int, fj *fileJob, p string) (Job, error) {
+	if fj.Name == "" {
+		return Job{}, ferr(p+".name", "required")
+	}
+	if jn.jobNames[fj.Name] {
+		return Job{}, ferr(p+".name", "job %s is defined twice", fj.Name)
+	}
+	jn.jobNames[fj.Name] = true
+	j := Job{Name: fj.Name, Queue: fj.Queue, Priority: defaultPriority, CreatedAt: int64(i)}
+	if j.Queue == "" {
+		j.Queue = "default"
+	}
+	q, ok := jn.qidx[j.Queue]
+	if !ok {
+		if fj.Queue == "" {
+			return Job{}, ferr(p+".queue", "not set, and there is no queue named default")
+		}
+		return Job{}, ferr(p+".queue", "queue %s is not defined", j.Queue)
+	}
+	if !q.Leaf {
+		return Job{}, ferr(p+".queue", "queue %s is a parent queue; only leaf queues hold jobs", j.Queue)
+	}
+	if fj.Priority != nil {
+		j.Priority = *fj.Priority
+	}
+	j.Preemptible = j.Priority < 100
+	if fj.Preemptible != nil {
+		j.Preemptible = *fj.Preemptible
+	}
+	switch fj.PreemptionPolicy {
+	case "", "PreemptLowerPriority":
+	case "Never":
+		j.NeverEvicts = true
+	default:
+		return Job{}, ferr(p+".preemptionPolicy", "%q is not PreemptLowerPriority or Never", fj.PreemptionPolicy)
+	}
+	switch d := core.Disruption(fj.Disruption); d {
+	case core.DisruptionGang, core.DisruptionSingle, core.DisruptionAll:
+		j.Disruption = string(d)
+	default:
+		return Job{}, ferr(p+".disruption", "%q is not single or all", fj.Disruption)
+	}
+	if fj.CreatedAt != nil {
+		v, err := parseDecimal(fj.CreatedAt.raw)
+		if err != nil || !v.IsInt() || v.Sign() < 0 || !v.Num().IsInt64() {
+			return Job{}, ferr(p+".createdAt", "%q is not a whole number of seconds ≥ 0", fj.CreatedAt.raw)
+		}
+		j.CreatedAt = v.Num().Int64()
+		if j.CreatedAt > maxCreatedAt {
+			return Job{}, ferr(p+".createdAt", "%s seconds is out of range (0 to %d)", fj.CreatedAt.raw, int64(maxCreatedAt))
+		}
+	}
+	return j, nil
+}
+
+// pods adds the pods of the job's k-th pod entry (count copies) to j,
+// named after the job and their index in it.
+func (jn *jobNormalizer) pods(j *Job, fp *filePod, k int, pp string) error {
+	pod, count, err := normalizePod(fp, pp, jn.maxGPUs, jn.maxMem)
+	if err != nil {
+		return err
+	}
+	if jn.totalPods += count; jn.totalPods > maxPods {
+		return ferr(pp+".count", "brings the pods to %d; a scenario may have at most %d", jn.totalPods, maxPods)
+	}
+	for c := 0; c < count; c++ {
+		pc := pod
+		pc.Index = len(j.Pods)
+		pc.FileIndex = k
+		pc.SubGroup = fp.SubGroup
+		pc.Name = j.Name + "-" + strconv.Itoa(pc.Index)
+		if other, dup := jn.podNames[pc.Name]; dup {
+			return ferr(pp, "pod name %s is taken by job %s; rename one of the jobs", pc.Name, other)
+		}
+		jn.podNames[pc.Name] = j.Name
+		if fp.Running != nil {
+			pl := &Placement{Node: fp.Running.Node}
+			if fp.Running.GPUs != nil {
+				g, err := runningGPUs(&pc, fp.Running.GPUs, c, count, pp+".running.gpus")
+				if err != nil {
+					return err
+				}
+				pl.GPUs = g
+			}
+			pc.Running = pl
+		}
+		j.Pods = append(j.Pods, pc)
+	}
+	return nil
 }
 
 // maxAlternatives is Kubernetes' limit on a DRA request's firstAvailable
@@ -659,22 +710,7 @@ func runningGPUs(pod *Pod, list []int, c, count int, field string) ([]int, error
 // assignRunning checks that the pods already running fit where the file puts
 // them, and picks GPUs (lowest free indices) for those that name none.
 func assignRunning(s *Spec) error {
-	type gpuUse struct {
-		exclusive bool
-		mem       int64
-		sharing   string
-		by        string
-	}
-	nodeIdx := map[string]*Node{}
-	for i := range s.Nodes {
-		nodeIdx[s.Nodes[i].Name] = &s.Nodes[i]
-	}
-	use := map[string][]gpuUse{}
-	cpu := map[string]int64{}
-	mem := map[string]int64{}
-	for _, n := range s.Nodes {
-		use[n.Name] = make([]gpuUse, n.GPUs)
-	}
+	ru := newRunningUse(s.Nodes)
 	// Pods with explicit GPUs first, so automatic picks go around them.
 	for pass := 0; pass < 2; pass++ {
 		for ji := range s.Jobs {
@@ -684,108 +720,8 @@ func assignRunning(s *Spec) error {
 				if pod.Running == nil || (pass == 0) != (pod.Running.GPUs != nil) {
 					continue
 				}
-				field := fmt.Sprintf("jobs[%s].pods[%d].running", j.Name, pod.FileIndex)
-				n, ok := nodeIdx[pod.Running.Node]
-				if !ok {
-					return ferr(field+".node", "node %s is not defined", pod.Running.Node)
-				}
-				u := use[n.Name]
-				podMem := pod.GPUMemory
-				if pod.Fractional() && podMem == 0 {
-					podMem = n.GPUMemory * pod.GPUMilli / 1000
-				}
-				// conflict says why GPU g cannot take the pod ("" when it can).
-				conflict := func(g int) string {
-					switch {
-					case u[g].exclusive:
-						return fmt.Sprintf("GPU %d of node %s is already used whole by pod %s", g, n.Name, u[g].by)
-					case !pod.Fractional() && u[g].mem > 0:
-						return fmt.Sprintf("GPU %d of node %s already holds fractions (pod %s)", g, n.Name, u[g].by)
-					case pod.Fractional() && u[g].sharing != "" && u[g].sharing != pod.Sharing:
-						return fmt.Sprintf("GPU %d of node %s is shared in %s mode (pod %s); pod %s asks for %s", g, n.Name, u[g].sharing, u[g].by, pod.Name, pod.Sharing)
-					case pod.Fractional() && u[g].mem+podMem > n.GPUMemory:
-						if podMem > n.GPUMemory {
-							return fmt.Sprintf("pod %s asks for %s of GPU memory; the GPUs of node %s have %s", pod.Name, formatBytes(podMem), n.Name, formatBytes(n.GPUMemory))
-						}
-						left := "no memory"
-						if n.GPUMemory > u[g].mem {
-							left = formatBytes(n.GPUMemory-u[g].mem) + " of memory"
-						}
-						return fmt.Sprintf("GPU %d of node %s has %s left; pod %s asks for %s", g, n.Name, left, pod.Name, formatBytes(podMem))
-					}
-					return ""
-				}
-				fits := func(g int) bool { return conflict(g) == "" }
-				if pod.Running.GPUs == nil {
-					want := pod.WholeGPUs()
-					if pod.Fractional() {
-						want = 1
-					}
-					var picked []int
-					for g := 0; g < n.GPUs && len(picked) < want; g++ {
-						if fits(g) {
-							picked = append(picked, g)
-						}
-					}
-					if pod.NVLinkReq && want > 1 {
-						// The lowest free GPUs of the first NVLink domain
-						// that has enough of them.
-						byDomain := map[string][]int{}
-						picked = nil
-						for g := 0; g < n.GPUs && picked == nil; g++ {
-							d := n.NVLinkDomain(g)
-							if d == "" || !fits(g) {
-								continue
-							}
-							byDomain[d] = append(byDomain[d], g)
-							if len(byDomain[d]) == want {
-								picked = byDomain[d]
-							}
-						}
-					}
-					if len(picked) < want {
-						if pod.Fractional() && podMem > n.GPUMemory {
-							return ferr(field, "%s", conflict(0))
-						}
-						return ferr(field, "pod %s does not fit on node %s next to the pods already running there", pod.Name, n.Name)
-					}
-					pod.Running.GPUs = picked
-				}
-				seen := map[int]bool{}
-				for _, g := range pod.Running.GPUs {
-					if g < 0 || g >= n.GPUs {
-						return ferr(field+".gpus", "node %s has no GPU %d (it has %d)", n.Name, g, n.GPUs)
-					}
-					if seen[g] {
-						return ferr(field+".gpus", "GPU %d is listed twice", g)
-					}
-					seen[g] = true
-					if why := conflict(g); why != "" {
-						return ferr(field+".gpus", "%s", why)
-					}
-					if pod.Fractional() {
-						u[g].mem += podMem
-						u[g].sharing = pod.Sharing
-					} else {
-						u[g].exclusive = true
-					}
-					u[g].by = pod.Name
-				}
-				if pod.NVLinkReq && len(pod.Running.GPUs) > 1 {
-					d := n.NVLinkDomain(pod.Running.GPUs[0])
-					for _, g := range pod.Running.GPUs[1:] {
-						if d == "" || n.NVLinkDomain(g) != d {
-							return ferr(field+".gpus", "GPUs %v of node %s are not all in one NVLink domain (nvlink: %s), and the pod requires NVLink", pod.Running.GPUs, n.Name, n.NVLink)
-						}
-					}
-				}
-				cpu[n.Name] += pod.CPUMilli
-				mem[n.Name] += pod.Memory
-				if cpu[n.Name] > n.CPUMilli {
-					return ferr(field, "the pods running on node %s ask for more CPU than it has (%s)", n.Name, formatMilli(n.CPUMilli))
-				}
-				if mem[n.Name] > n.Memory {
-					return ferr(field, "the pods running on node %s ask for more memory than it has (%s)", n.Name, formatBytes(n.Memory))
+				if err := ru.place(j, pod); err != nil {
+					return err
 				}
 			}
 		}
@@ -793,64 +729,230 @@ func assignRunning(s *Spec) error {
 	return nil
 }
 
+// gpuUse is what the running pods placed so far hold of one GPU.
+type gpuUse struct {
+	exclusive bool
+	mem       int64
+	sharing   string
+	by        string
+}
+
+// runningUse is what the running pods placed so far hold, per node.
+type runningUse struct {
+	nodeIdx map[string]*Node
+	use     map[string][]gpuUse
+	cpu     map[string]int64
+	mem     map[string]int64
+}
+
+func newRunningUse(nodes []Node) *runningUse {
+	ru := &runningUse{nodeIdx: map[string]*Node{}, use: map[string][]gpuUse{}, cpu: map[string]int64{}, mem: map[string]int64{}}
+	for i := range nodes {
+		ru.nodeIdx[nodes[i].Name] = &nodes[i]
+	}
+	for _, n := range nodes {
+		ru.use[n.Name] = make([]gpuUse, n.GPUs)
+	}
+	return ru
+}
+
+// place checks that a running pod fits where the file puts it (picking its
+// GPUs when it names none) and records what it holds.
+func (ru *runningUse) place(j *Job, pod *Pod) error {
+	field := fmt.Sprintf("jobs[%s].pods[%d].running", j.Name, pod.FileIndex)
+	n, ok := ru.nodeIdx[pod.Running.Node]
+	if !ok {
+		return ferr(field+".node", "node %s is not defined", pod.Running.Node)
+	}
+	u := ru.use[n.Name]
+	podMem := pod.GPUMemory
+	if pod.Fractional() && podMem == 0 {
+		podMem = n.GPUMemory * pod.GPUMilli / 1000
+	}
+	conflict := func(g int) string { return gpuConflict(n, u[g], g, pod, podMem) }
+	if pod.Running.GPUs == nil {
+		picked, ok := pickRunningGPUs(n, pod, func(g int) bool { return conflict(g) == "" })
+		if !ok {
+			if pod.Fractional() && podMem > n.GPUMemory {
+				return ferr(field, "%s", conflict(0))
+			}
+			return ferr(field, "pod %s does not fit on node %s next to the pods already running there", pod.Name, n.Name)
+		}
+		pod.Running.GPUs = picked
+	}
+	seen := map[int]bool{}
+	for _, g := range pod.Running.GPUs {
+		if g < 0 || g >= n.GPUs {
+			return ferr(field+".gpus", "node %s has no GPU %d (it has %d)", n.Name, g, n.GPUs)
+		}
+		if seen[g] {
+			return ferr(field+".gpus", "GPU %d is listed twice", g)
+		}
+		seen[g] = true
+		if why := conflict(g); why != "" {
+			return ferr(field+".gpus", "%s", why)
+		}
+		if pod.Fractional() {
+			u[g].mem += podMem
+			u[g].sharing = pod.Sharing
+		} else {
+			u[g].exclusive = true
+		}
+		u[g].by = pod.Name
+	}
+	if pod.NVLinkReq && len(pod.Running.GPUs) > 1 {
+		d := n.NVLinkDomain(pod.Running.GPUs[0])
+		for _, g := range pod.Running.GPUs[1:] {
+			if d == "" || n.NVLinkDomain(g) != d {
+				return ferr(field+".gpus", "GPUs %v of node %s are not all in one NVLink domain (nvlink: %s), and the pod requires NVLink", pod.Running.GPUs, n.Name, n.NVLink)
+			}
+		}
+	}
+	ru.cpu[n.Name] += pod.CPUMilli
+	ru.mem[n.Name] += pod.Memory
+	if ru.cpu[n.Name] > n.CPUMilli {
+		return ferr(field, "the pods running on node %s ask for more CPU than it has (%s)", n.Name, formatMilli(n.CPUMilli))
+	}
+	if ru.mem[n.Name] > n.Memory {
+		return ferr(field, "the pods running on node %s ask for more memory than it has (%s)", n.Name, formatBytes(n.Memory))
+	}
+	return nil
+}
+
+// gpuConflict says why GPU g of node n, of which the pods placed so far
+// hold u, cannot take the pod asking for podMem of its memory ("" when it
+// can).
+func gpuConflict(n *Node, u gpuUse, g int, pod *Pod, podMem int64) string {
+	switch {
+	case u.exclusive:
+		return fmt.Sprintf("GPU %d of node %s is already used whole by pod %s", g, n.Name, u.by)
+	case !pod.Fractional() && u.mem > 0:
+		return fmt.Sprintf("GPU %d of node %s already holds fractions (pod %s)", g, n.Name, u.by)
+	case pod.Fractional() && u.sharing != "" && u.sharing != pod.Sharing:
+		return fmt.Sprintf("GPU %d of node %s is shared in %s mode (pod %s); pod %s asks for %s", g, n.Name, u.sharing, u.by, pod.Name, pod.Sharing)
+	case pod.Fractional() && u.mem+podMem > n.GPUMemory:
+		if podMem > n.GPUMemory {
+			return fmt.Sprintf("pod %s asks for %s of GPU memory; the GPUs of node %s have %s", pod.Name, formatBytes(podMem), n.Name, formatBytes(n.GPUMemory))
+		}
+		left := "no memory"
+		if n.GPUMemory > u.mem {
+			left = formatBytes(n.GPUMemory-u.mem) + " of memory"
+		}
+		return fmt.Sprintf("GPU %d of node %s has %s left; pod %s asks for %s", g, n.Name, left, pod.Name, formatBytes(podMem))
+	}
+	return ""
+}
+
+// pickRunningGPUs picks the lowest GPUs of node n that fit the pod (for a
+// pod that requires NVLink, the lowest of the first NVLink domain that has
+// enough of them); ok is false when too few fit.
+func pickRunningGPUs(n *Node, pod *Pod, fits func(int) bool) (picked []int, ok bool) {
+	want := pod.WholeGPUs()
+	if pod.Fractional() {
+		want = 1
+	}
+	for g := 0; g < n.GPUs && len(picked) < want; g++ {
+		if fits(g) {
+			picked = append(picked, g)
+		}
+	}
+	if pod.NVLinkReq && want > 1 {
+		// The lowest free GPUs of the first NVLink domain
+		// that has enough of them.
+		byDomain := map[string][]int{}
+		picked = nil
+		for g := 0; g < n.GPUs && picked == nil; g++ {
+			d := n.NVLinkDomain(g)
+			if d == "" || !fits(g) {
+				continue
+			}
+			byDomain[d] = append(byDomain[d], g)
+			if len(byDomain[d]) == want {
+				picked = byDomain[d]
+			}
+		}
+	}
+	return picked, len(picked) >= want
+}
+
 func normalizeExpect(fe *fileExpect, s *Spec) (Expect, error) {
 	e := Expect{}
 	if fe == nil {
 		return e, nil
 	}
+	var err error
+	if e.Jobs, err = normalizeExpectJobs(fe.Jobs, s); err != nil {
+		return e, err
+	}
+	if e.Pods, err = normalizeExpectPods(fe.Pods, s); err != nil {
+		return e, err
+	}
+	if e.Queues, err = normalizeExpectQueues(fe.Queues, s); err != nil {
+		return e, err
+	}
+	return e, nil
+}
+
+// normalizeExpectJobs checks expect.jobs; nil when it is empty.
+func normalizeExpectJobs(in map[string]fileExpectJob, s *Spec) (map[string]ExpectJob, error) {
 	jobs := map[string]*Job{}
-	pods := map[string]bool{}
 	for i := range s.Jobs {
 		jobs[s.Jobs[i].Name] = &s.Jobs[i]
-		for _, p := range s.Jobs[i].Pods {
-			pods[p.Name] = true
-		}
 	}
-	queues := map[string]bool{}
-	for _, q := range s.Queues {
-		queues[q.Name] = true
+	var out map[string]ExpectJob
+	if len(in) > 0 {
+		out = map[string]ExpectJob{}
 	}
-	nodes := map[string]*Node{}
-	for i := range s.Nodes {
-		nodes[s.Nodes[i].Name] = &s.Nodes[i]
-	}
-	if len(fe.Jobs) > 0 {
-		e.Jobs = map[string]ExpectJob{}
-	}
-	for _, name := range sortedKeys(fe.Jobs) {
+	for _, name := range sortedKeys(in) {
 		if jobs[name] == nil {
-			return e, ferr("expect.jobs."+name, "no job is named %s", name)
+			return out, ferr("expect.jobs."+name, "no job is named %s", name)
 		}
-		x := fe.Jobs[name]
+		x := in[name]
 		for _, f := range []struct {
 			name string
 			v    *int
 		}{{"running", x.Running}, {"pending", x.Pending}, {"evicted", x.Evicted}} {
 			if f.v != nil && *f.v < 0 {
-				return e, ferr("expect.jobs."+name+"."+f.name, "must not be negative")
+				return out, ferr("expect.jobs."+name+"."+f.name, "must not be negative")
 			}
 		}
-		e.Jobs[name] = ExpectJob{Running: x.Running, Pending: x.Pending, Evicted: x.Evicted}
+		out[name] = ExpectJob{Running: x.Running, Pending: x.Pending, Evicted: x.Evicted}
 	}
-	if len(fe.Pods) > 0 {
-		e.Pods = map[string]ExpectPod{}
-	}
-	for _, name := range sortedKeys(fe.Pods) {
-		if !pods[name] {
-			return e, ferr("expect.pods."+name, "no pod is named %s (pods are JOB-0, JOB-1, ...)", name)
+	return out, nil
+}
+
+// normalizeExpectPods checks expect.pods; nil when it is empty.
+func normalizeExpectPods(in map[string]fileExpectPod, s *Spec) (map[string]ExpectPod, error) {
+	pods := map[string]bool{}
+	for i := range s.Jobs {
+		for _, p := range s.Jobs[i].Pods {
+			pods[p.Name] = true
 		}
-		x := fe.Pods[name]
+	}
+	nodes := map[string]*Node{}
+	for i := range s.Nodes {
+		nodes[s.Nodes[i].Name] = &s.Nodes[i]
+	}
+	var out map[string]ExpectPod
+	if len(in) > 0 {
+		out = map[string]ExpectPod{}
+	}
+	for _, name := range sortedKeys(in) {
+		if !pods[name] {
+			return out, ferr("expect.pods."+name, "no pod is named %s (pods are JOB-0, JOB-1, ...)", name)
+		}
+		x := in[name]
 		switch x.State {
 		case "", "Running", "Bound", "Pending", "Nominated":
 		case StateArriving, StateSucceeded:
 			if !s.Timed {
-				return e, ferr("expect.pods."+name+".state", "%q is a state of timed runs only (time:)", x.State)
+				return out, ferr("expect.pods."+name+".state", "%q is a state of timed runs only (time:)", x.State)
 			}
 		default:
-			return e, ferr("expect.pods."+name+".state", "%q is not one of Running, Bound, Nominated, Pending, Arriving, Succeeded", x.State)
+			return out, ferr("expect.pods."+name+".state", "%q is not one of Running, Bound, Nominated, Pending, Arriving, Succeeded", x.State)
 		}
 		if x.Node != nil && *x.Node != "" && nodes[*x.Node] == nil {
-			return e, ferr("expect.pods."+name+".node", "node %s is not defined", *x.Node)
+			return out, ferr("expect.pods."+name+".node", "node %s is not defined", *x.Node)
 		}
 		if x.GPUs != nil {
 			g := append([]int(nil), (*x.GPUs)...)
@@ -861,20 +963,30 @@ func normalizeExpect(fe *fileExpect, s *Spec) (Expect, error) {
 		if x.GPUMemory != nil {
 			v, err := parseBytes(x.GPUMemory.raw)
 			if err != nil {
-				return e, ferr("expect.pods."+name+".gpuMemory", "%v", err)
+				return out, ferr("expect.pods."+name+".gpuMemory", "%v", err)
 			}
 			ep.GPUMemory = &v
 		}
-		e.Pods[name] = ep
+		out[name] = ep
 	}
-	if len(fe.Queues) > 0 {
-		e.Queues = map[string]ExpectQueue{}
+	return out, nil
+}
+
+// normalizeExpectQueues checks expect.queues; nil when it is empty.
+func normalizeExpectQueues(in map[string]fileExpectQueue, s *Spec) (map[string]ExpectQueue, error) {
+	queues := map[string]bool{}
+	for _, q := range s.Queues {
+		queues[q.Name] = true
 	}
-	for _, name := range sortedKeys(fe.Queues) {
+	var out map[string]ExpectQueue
+	if len(in) > 0 {
+		out = map[string]ExpectQueue{}
+	}
+	for _, name := range sortedKeys(in) {
 		if !queues[name] {
-			return e, ferr("expect.queues."+name, "no queue is named %s", name)
+			return out, ferr("expect.queues."+name, "no queue is named %s", name)
 		}
-		x := fe.Queues[name]
+		x := in[name]
 		var eq ExpectQueue
 		for _, f := range []struct {
 			q    *Quantity
@@ -886,7 +998,7 @@ func normalizeExpect(fe *fileExpect, s *Spec) (Expect, error) {
 			}
 			v, err := parseMilliRounded(f.q.raw)
 			if err != nil {
-				return e, ferr("expect.queues."+name+"."+f.name, "%v", err)
+				return out, ferr("expect.queues."+name+"."+f.name, "%v", err)
 			}
 			*f.dst = &v
 		}
@@ -894,17 +1006,17 @@ func normalizeExpect(fe *fileExpect, s *Spec) (Expect, error) {
 			v, err := parseMilli(x.GPUQuota.raw, false)
 			switch {
 			case err != nil:
-				return e, ferr("expect.queues."+name+".gpuQuota", "%v", err)
+				return out, ferr("expect.queues."+name+".gpuQuota", "%v", err)
 			case v == -1000:
 				v = core.Unlimited
 			case v < 0:
-				return e, ferr("expect.queues."+name+".gpuQuota", "%s is negative (only -1, meaning unlimited, is a quota)", x.GPUQuota.raw)
+				return out, ferr("expect.queues."+name+".gpuQuota", "%s is negative (only -1, meaning unlimited, is a quota)", x.GPUQuota.raw)
 			}
 			eq.GPUQuota = &v
 		}
-		e.Queues[name] = eq
+		out[name] = eq
 	}
-	return e, nil
+	return out, nil
 }
 
 // checkMax refuses an amount above core.MaxAmount (in the core's unit):
