@@ -83,108 +83,140 @@ func Ceiling(nodes []Node, pods []Pod, tune float64, seed uint64, step int) (Cei
 		return CeilingResult{}, fmt.Errorf("openb: the cluster has no GPUs")
 	}
 	seq := Arrivals(sorted, tune, capMilli, NewRand(seed))
-	type gpuPod struct{ n, milli int }
-	shape := func(p *Pod) gpuPod {
-		if p.NumGPU == 1 && p.GPUMilli < packing.MilliPerGPU {
-			return gpuPod{0, p.GPUMilli}
-		}
-		return gpuPod{p.NumGPU, 0}
-	}
-	size := func(g gpuPod) int {
-		if g.n > 0 {
-			return g.n * packing.MilliPerGPU
-		}
-		return g.milli
-	}
+	c := newCeilingRun(sorted, seq, gpus, step)
+	c.best.Result = Result{Seed: seed, Tune: tune, PodsArrived: len(seq), GPUCapacity: int64(gpus)}
 
-	// asked[k] is the GPU the first k arrivals ask for.
-	asked := make([]int64, len(seq)+1)
-	for k, pi := range seq {
-		asked[k+1] = asked[k] + sorted[pi].GPUMilliTotal()
-	}
-	// firstAsking is the first prefix that asks for at least m.
-	firstAsking := func(m int64) int {
-		k, _ := slices.BinarySearch(asked, m)
-		return min(k, len(seq))
-	}
-
-	var prefix []gpuPod
-	// pack packs the GPU pods of the first k arrivals best-fit decreasing.
-	pack := func(k int) (pool, bool) {
-		prefix = prefix[:0]
-		for _, pi := range seq[:k] {
-			if sorted[pi].NumGPU > 0 {
-				prefix = append(prefix, shape(&sorted[pi]))
-			}
-		}
-		slices.SortStableFunc(prefix, func(a, b gpuPod) int { return size(b) - size(a) })
-		var p pool
-		p[packing.MilliPerGPU] = gpus
-		for _, g := range prefix {
-			if !p.place(g.n, g.milli) {
-				return p, false
-			}
-		}
-		return p, true
-	}
-
-	best := CeilingResult{Result: Result{Seed: seed, Tune: tune, PodsArrived: len(seq), GPUCapacity: int64(gpus)}}
-	bestFree := int64(-1)
-	try := func(from int) {
-		for k := from; k <= len(seq); k += step {
-			p, fits := pack(k)
-			if !fits {
-				// Prefixes only grow from here; best-fit decreasing on a
-				// superset is taken not to pack whole either (a heuristic).
-				return
-			}
-			placed, failed := k, 0
-			for _, pi := range seq[k:] {
-				if sorted[pi].NumGPU == 0 {
-					placed++ // CPU-only: no CPU limits in this relaxation
-					continue
-				}
-				g := shape(&sorted[pi])
-				if p.place(g.n, g.milli) {
-					placed++
-				} else {
-					failed++
-				}
-			}
-			if free := p.free(); bestFree < 0 || free < bestFree {
-				bestFree = free
-				best.Prefix, best.PodsPlaced, best.PodsFailed = k, placed, failed
-				best.Slivers = map[int]int{}
-				for f := 1; f < packing.MilliPerGPU; f++ {
-					if p[f] > 0 {
-						best.Slivers[f] = p[f]
-					}
-				}
-			}
-		}
-	}
 	// The first prefix worth trying: 90 % of the cluster asked for.
-	try(firstAsking(capMilli * 9 / 10))
-	if bestFree < 0 {
+	c.try(c.firstAsking(capMilli * 9 / 10))
+	if c.bestFree < 0 {
 		// Even that prefix does not pack whole (a small cluster, large
 		// pods, or fractions that pair badly): find the longest prefix
-		// that packs, by bisection under the same heuristic (packing is
-		// taken to fail for every longer prefix once it fails), and try
-		// from the one asking 90 % of what it asks. Trying every prefix
-		// from the empty one took minutes on traces with many fractions.
-		lo, hi := 0, len(seq) // pack(lo) holds (the empty prefix always packs)
-		for lo < hi {
-			mid := lo + (hi-lo+1)/2
-			if _, ok := pack(mid); ok {
-				lo = mid
-			} else {
-				hi = mid - 1
-			}
-		}
-		try(firstAsking(asked[lo] * 9 / 10))
+		// that packs and try from the one asking 90 % of what it asks.
+		// Trying every prefix from the empty one took minutes on traces
+		// with many fractions.
+		c.try(c.firstAsking(c.asked[c.longestPacking()] * 9 / 10))
 	}
-	best.AllocatedMilli = capMilli - bestFree
+	best := c.best
+	best.AllocatedMilli = capMilli - c.bestFree
 	best.GPUAllocated = float64(best.AllocatedMilli) / packing.MilliPerGPU
 	best.GPUAllocationRate = float64(best.AllocatedMilli) / float64(capMilli)
 	return best, nil
+}
+
+// gpuPod is what a pod asks of the pool: n whole GPUs, or milli of one.
+type gpuPod struct{ n, milli int }
+
+func shapeOf(p *Pod) gpuPod {
+	if p.NumGPU == 1 && p.GPUMilli < packing.MilliPerGPU {
+		return gpuPod{0, p.GPUMilli}
+	}
+	return gpuPod{p.NumGPU, 0}
+}
+
+func (g gpuPod) size() int {
+	if g.n > 0 {
+		return g.n * packing.MilliPerGPU
+	}
+	return g.milli
+}
+
+// ceilingRun is one seed's search for the best prefix.
+type ceilingRun struct {
+	sorted []Pod
+	seq    []int // arrivals, indices into sorted
+	gpus   int
+	step   int
+	// asked[k] is the GPU the first k arrivals ask for.
+	asked []int64
+	// prefix is pack's buffer.
+	prefix   []gpuPod
+	best     CeilingResult
+	bestFree int64 // -1 until a prefix packs
+}
+
+func newCeilingRun(sorted []Pod, seq []int, gpus, step int) *ceilingRun {
+	c := &ceilingRun{sorted: sorted, seq: seq, gpus: gpus, step: step, bestFree: -1}
+	c.asked = make([]int64, len(seq)+1)
+	for k, pi := range seq {
+		c.asked[k+1] = c.asked[k] + sorted[pi].GPUMilliTotal()
+	}
+	return c
+}
+
+// firstAsking is the first prefix that asks for at least m.
+func (c *ceilingRun) firstAsking(m int64) int {
+	k, _ := slices.BinarySearch(c.asked, m)
+	return min(k, len(c.seq))
+}
+
+// pack packs the GPU pods of the first k arrivals best-fit decreasing.
+func (c *ceilingRun) pack(k int) (pool, bool) {
+	c.prefix = c.prefix[:0]
+	for _, pi := range c.seq[:k] {
+		if c.sorted[pi].NumGPU > 0 {
+			c.prefix = append(c.prefix, shapeOf(&c.sorted[pi]))
+		}
+	}
+	slices.SortStableFunc(c.prefix, func(a, b gpuPod) int { return b.size() - a.size() })
+	var p pool
+	p[packing.MilliPerGPU] = c.gpus
+	for _, g := range c.prefix {
+		if !p.place(g.n, g.milli) {
+			return p, false
+		}
+	}
+	return p, true
+}
+
+// try tries every step-th prefix from from on, until one does not pack
+// whole: each packed, then the later arrivals placed best-fit as they
+// come; the one leaving the least free is the best so far.
+func (c *ceilingRun) try(from int) {
+	for k := from; k <= len(c.seq); k += c.step {
+		p, fits := c.pack(k)
+		if !fits {
+			// Prefixes only grow from here; best-fit decreasing on a
+			// superset is taken not to pack whole either (a heuristic).
+			return
+		}
+		placed, failed := k, 0
+		for _, pi := range c.seq[k:] {
+			if c.sorted[pi].NumGPU == 0 {
+				placed++ // CPU-only: no CPU limits in this relaxation
+				continue
+			}
+			g := shapeOf(&c.sorted[pi])
+			if p.place(g.n, g.milli) {
+				placed++
+			} else {
+				failed++
+			}
+		}
+		if free := p.free(); c.bestFree < 0 || free < c.bestFree {
+			c.bestFree = free
+			c.best.Prefix, c.best.PodsPlaced, c.best.PodsFailed = k, placed, failed
+			c.best.Slivers = map[int]int{}
+			for f := 1; f < packing.MilliPerGPU; f++ {
+				if p[f] > 0 {
+					c.best.Slivers[f] = p[f]
+				}
+			}
+		}
+	}
+}
+
+// longestPacking finds the longest prefix that packs whole, by bisection
+// under try's heuristic (packing is taken to fail for every longer prefix
+// once it fails).
+func (c *ceilingRun) longestPacking() int {
+	lo, hi := 0, len(c.seq) // pack(lo) holds (the empty prefix always packs)
+	for lo < hi {
+		mid := lo + (hi-lo+1)/2
+		if _, ok := c.pack(mid); ok {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo
 }
