@@ -15,10 +15,10 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
+	streamhttp "k8s.io/streaming/pkg/httpstream"
 
 	"github.com/tessera-gpu/tessera/controller/kube"
 )
@@ -158,8 +158,12 @@ func forward(cfg *rest.Config, namespace, pod string, port int) (string, func(),
 	}
 	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, http.MethodPost, u)
 	if ws, err := portforward.NewSPDYOverWebsocketDialer(u, cfg); err == nil {
+		// client-go's WebSocket transport reports a refused upgrade as
+		// k8s.io/streaming's UpgradeFailureError (as kubectl checks it);
+		// apimachinery's type of the same name never matches it, and
+		// then SPDY is never tried.
 		dialer = portforward.NewFallbackDialer(ws, dialer, func(err error) bool {
-			return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
+			return streamhttp.IsUpgradeFailure(err) || streamhttp.IsHTTPSProxyError(err)
 		})
 	}
 	stopCh, ready := make(chan struct{}), make(chan struct{})

@@ -53,6 +53,7 @@ func TestChartOnRealNode(t *testing.T) {
 		{"install", testInstall},
 		{"webhook", testWebhook},
 		{"examples", testExamples},
+		{"snapshot", testSnapshot},
 		{"upgrade", testUpgrade},
 		{"uninstall", testUninstall},
 	}

@@ -38,6 +38,7 @@ type env struct {
 	helm       string
 	helmHome   string
 	valuesFile string // the test's values with this cluster's addresses
+	auditLog   string // the API server's audit log: port-forward requests only
 }
 
 // setup starts the control plane (kube-scheduler, KCM) with the API server
@@ -52,9 +53,14 @@ func setup(t *testing.T) *env {
 		t.Skip("real node (kubelet + containerd) skipped with -short")
 	}
 	began := time.Now()
+	auditDir := t.TempDir()
+	policy, auditLog := filepath.Join(auditDir, "audit-policy.yaml"), filepath.Join(auditDir, "audit.log")
+	require.NoError(t, os.WriteFile(policy, []byte(auditPolicy), 0o600))
 	cp := controlplane.Start(t, controlplane.Options{
 		Scheduler: true,
 		APIServerArgs: []string{
+			// Which transport each port-forward took (debug_test.go).
+			"--audit-policy-file=" + policy, "--audit-log-path=" + auditLog, "--audit-log-mode=blocking",
 			// Pods reach the API server on the node's address: no
 			// kube-proxy serves the kubernetes Service's ClusterIP here.
 			"--bind-address=0.0.0.0",
@@ -68,7 +74,7 @@ func setup(t *testing.T) *env {
 		// kubelet's log, for the upgrade check.
 		KubeletArgs: []string{"--vmodule=dra_plugin=4"},
 	})
-	e := &env{cp: cp, node: node, client: cp.Client(t), helm: helm, helmHome: t.TempDir()}
+	e := &env{cp: cp, node: node, client: cp.Client(t), helm: helm, helmHome: t.TempDir(), auditLog: auditLog}
 	// Runs before the node's teardown: GPU pods go while tessera-node can
 	// still unprepare their claims, then the release (else the DaemonSet
 	// recreates its pod while the node deletes it).
