@@ -49,44 +49,14 @@ const defaultTimeout = 5 * time.Minute
 
 // runScenarios is the run command; it returns the exit code.
 func runScenarios(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {} // help is printed below, to stdout when asked for
-	jsonOut := fs.Bool("json", false, "")
-	trace := fs.Bool("trace", false, "")
-	timing := fs.Bool("timing", false, "")
-	step := fs.Bool("step", false, "")
-	timeout := fs.Duration("timeout", defaultTimeout, "")
-	plotOut := fs.String("plot", "", "")
-	// Flags may come before or after the files.
-	var files []string
-	for len(args) > 0 {
-		if err := fs.Parse(args); err != nil {
-			if err == flag.ErrHelp {
-				fmt.Fprint(stdout, runHelp)
-				return 0
-			}
-			fmt.Fprint(stderr, "\n"+runHelp)
-			return 2
-		}
-		args = fs.Args()
-		if len(args) > 0 {
-			files = append(files, args[0])
-			args = args[1:]
-		}
-	}
-	if len(files) == 0 {
-		fmt.Fprint(stderr, "tessera-sim run: no scenario file given\n\n"+runHelp)
-		return 2
-	}
-	if *timeout < 0 {
-		fmt.Fprintf(stderr, "tessera-sim run: --timeout %v is negative (0 means no limit)\n", *timeout)
-		return 2
+	rf, code, ok := parseRunArgs(args, stdout, stderr)
+	if !ok {
+		return code
 	}
 	// Every file is read and checked before anything runs: an invalid file
 	// is exit 2 even when it comes after valid ones.
 	var specs []*scenario.Spec
-	for _, f := range files {
+	for _, f := range rf.files {
 		s, err := scenario.LoadFile(f)
 		if err != nil {
 			fmt.Fprintf(stderr, "tessera-sim run: %v\n", err)
@@ -96,51 +66,18 @@ func runScenarios(args []string, stdout, stderr io.Writer) int {
 	}
 	out := bufio.NewWriter(stdout)
 	defer out.Flush()
-	// The trace goes through a gate that a timeout closes: a scenario given
-	// up on keeps running until its next cycle and must not write then.
-	traceOut := &gate{w: out}
-	opts := scenario.Options{Timing: *timing, Step: *step}
-	if *trace {
-		opts.Trace = traceOut
-		if *jsonOut {
-			opts.Trace = &gate{w: stderr}
-		}
+	reps, failed, ok := rf.runAll(specs, out, stderr)
+	if !ok {
+		return 2
 	}
-	ctx := context.Background()
-	if *timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, *timeout)
-		defer cancel()
-	}
-	var reps []*scenario.Report
-	failed := false
-	for _, s := range specs {
-		rep, err := runOne(ctx, s, opts, *timeout)
-		if err != nil {
-			traceOut.close()
-			if g, ok := opts.Trace.(*gate); ok {
-				g.close()
-			}
-			fmt.Fprintf(stderr, "tessera-sim run: %s: %v; use fewer cycles, pods or nodes, or a longer --timeout\n", s.File, err)
-			return 2
-		}
-		failed = failed || !rep.Passed
-		if *jsonOut {
-			if err := scenario.WriteJSON(out, rep); err != nil {
-				fmt.Fprintf(stderr, "tessera-sim run: %v\n", err)
-				return 2
-			}
-		}
-		reps = append(reps, rep)
-	}
-	if !*jsonOut {
+	if !rf.json {
 		if err := scenario.WriteTable(out, reps); err != nil {
 			fmt.Fprintf(stderr, "tessera-sim run: %v\n", err)
 			return 2
 		}
 	}
-	if *plotOut != "" {
-		paths, err := writePlots(*plotOut, specs, reps)
+	if rf.plot != "" {
+		paths, err := writePlots(rf.plot, specs, reps)
 		if err != nil {
 			fmt.Fprintf(stderr, "tessera-sim run: %v\n", err)
 			return 2
@@ -153,6 +90,95 @@ func runScenarios(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// runFlags are the run command's flags and files.
+type runFlags struct {
+	json, trace, timing, step bool
+	timeout                   time.Duration
+	plot                      string
+	files                     []string
+}
+
+// parseRunArgs reads the run command's arguments; when ok is false the
+// command ends with code (help printed, or a message on stderr).
+func parseRunArgs(args []string, stdout, stderr io.Writer) (rf runFlags, code int, ok bool) {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {} // help is printed below, to stdout when asked for
+	fs.BoolVar(&rf.json, "json", false, "")
+	fs.BoolVar(&rf.trace, "trace", false, "")
+	fs.BoolVar(&rf.timing, "timing", false, "")
+	fs.BoolVar(&rf.step, "step", false, "")
+	fs.DurationVar(&rf.timeout, "timeout", defaultTimeout, "")
+	fs.StringVar(&rf.plot, "plot", "", "")
+	// Flags may come before or after the files.
+	for len(args) > 0 {
+		if err := fs.Parse(args); err != nil {
+			if err == flag.ErrHelp {
+				fmt.Fprint(stdout, runHelp)
+				return rf, 0, false
+			}
+			fmt.Fprint(stderr, "\n"+runHelp)
+			return rf, 2, false
+		}
+		args = fs.Args()
+		if len(args) > 0 {
+			rf.files = append(rf.files, args[0])
+			args = args[1:]
+		}
+	}
+	if len(rf.files) == 0 {
+		fmt.Fprint(stderr, "tessera-sim run: no scenario file given\n\n"+runHelp)
+		return rf, 2, false
+	}
+	if rf.timeout < 0 {
+		fmt.Fprintf(stderr, "tessera-sim run: --timeout %v is negative (0 means no limit)\n", rf.timeout)
+		return rf, 2, false
+	}
+	return rf, 0, true
+}
+
+// runAll runs the scenarios in order within the timeout, writing each JSON
+// report (--json) as it comes; ok is false when one did not finish or a
+// report could not be written (the message is on stderr).
+func (rf *runFlags) runAll(specs []*scenario.Spec, out, stderr io.Writer) (reps []*scenario.Report, failed, ok bool) {
+	// The trace goes through a gate that a timeout closes: a scenario given
+	// up on keeps running until its next cycle and must not write then.
+	traceOut := &gate{w: out}
+	opts := scenario.Options{Timing: rf.timing, Step: rf.step}
+	if rf.trace {
+		opts.Trace = traceOut
+		if rf.json {
+			opts.Trace = &gate{w: stderr}
+		}
+	}
+	ctx := context.Background()
+	if rf.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, rf.timeout)
+		defer cancel()
+	}
+	for _, s := range specs {
+		rep, err := runOne(ctx, s, opts, rf.timeout)
+		if err != nil {
+			traceOut.close()
+			if g, ok := opts.Trace.(*gate); ok {
+				g.close()
+			}
+			fmt.Fprintf(stderr, "tessera-sim run: %s: %v; use fewer cycles, pods or nodes, or a longer --timeout\n", s.File, err)
+			return nil, false, false
+		}
+		failed = failed || !rep.Passed
+		if rf.json {
+			if err := scenario.WriteJSON(out, rep); err != nil {
+				fmt.Fprintf(stderr, "tessera-sim run: %v\n", err)
+				return nil, false, false
+			}
+		}
+		reps = append(reps, rep)
+	}
+	return reps, failed, true
 }
 
 // runOne runs one scenario until it ends or ctx does; then the error names
