@@ -90,6 +90,24 @@ func (e *Env) Eventually(what string, timeout time.Duration, cond func() (bool, 
 	Eventually(e.T, what, timeout, cond)
 }
 
+// Background runs run (a scheduler, a controller) on a context of the
+// env's until the returned stop is called or the test ends, whichever comes
+// first; an error it returns fails the test, named by what. stop waits for
+// run to return and may be called more than once.
+func (e *Env) Background(what string, run func(context.Context) error) (stop func()) {
+	ctx, cancel := context.WithCancel(e.Ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := run(ctx); err != nil {
+			e.T.Errorf("%s: %v", what, err)
+		}
+	}()
+	stop = func() { cancel(); <-done }
+	e.T.Cleanup(stop)
+	return stop
+}
+
 // NodeOptions say how AddGPUNode and StartTesseraNode make a node.
 type NodeOptions struct {
 	// Extra resources in the kwok node's capacity and allocatable, e.g.

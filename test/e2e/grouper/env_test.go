@@ -1,7 +1,6 @@
 package grouper_test
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -13,14 +12,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/controller/app"
 	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/driver/deviceclasses"
-	"github.com/tessera-gpu/tessera/test/controlplane"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
 
@@ -31,62 +27,48 @@ import (
 // rule fails the test).
 type env struct {
 	*framework.Env
-	t      *testing.T
-	ctx    context.Context
-	cp     *controlplane.ControlPlane
-	client kubernetes.Interface
-	dyn    dynamic.Interface
-	ns     string
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	fe := framework.NewEnv(t, framework.EnvOptions{Namespace: "team-a", ControllerRBAC: true})
-	return &env{Env: fe, t: t, ctx: fe.Ctx, cp: fe.CP, client: fe.Client, dyn: fe.Dyn, ns: fe.NS}
+	return &env{Env: fe}
 }
 
 // startController runs tessera-controller (scheduler + pod grouper)
 // in-process as its ServiceAccount.
 func (e *env) startController() {
-	e.t.Helper()
-	c, err := app.New(app.Config{RestConfig: framework.ControllerConfig(e.cp), Interval: 200 * time.Millisecond, PodGrouper: true})
+	e.T.Helper()
+	c, err := app.New(app.Config{RestConfig: framework.ControllerConfig(e.CP), Interval: 200 * time.Millisecond, PodGrouper: true})
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(e.ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := c.Run(ctx); err != nil {
-			e.t.Errorf("controller: %v", err)
-		}
-	}()
-	e.t.Cleanup(func() { cancel(); <-done })
+	e.Background("controller", c.Run)
 }
 
 // addGPUNode adds a kwok node with a fake tessera-node of profile.
 func (e *env) addGPUNode(name, profile string) {
-	e.t.Helper()
+	e.T.Helper()
 	e.AddGPUNode(name, profile, framework.NodeOptions{})
 }
 
 func (e *env) eventually(what string, timeout time.Duration, cond func() (bool, string)) {
-	e.t.Helper()
+	e.T.Helper()
 	e.Eventually(what, timeout, cond)
 }
 
 // gpuTemplate creates a ResourceClaimTemplate of n whole GPUs.
 func (e *env) gpuTemplate(name string, n int64) {
-	e.t.Helper()
+	e.T.Helper()
 	req := resourceapi.ExactDeviceRequest{DeviceClassName: deviceclasses.Exclusive, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: n}
 	tmpl := &resourceapi.ResourceClaimTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.NS},
 		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
 			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &req}},
 		}}},
 	}
-	if _, err := e.client.ResourceV1().ResourceClaimTemplates(e.ns).Create(e.ctx, tmpl, metav1.CreateOptions{}); err != nil {
-		e.t.Fatal(err)
+	if _, err := e.Client.ResourceV1().ResourceClaimTemplates(e.NS).Create(e.Ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		e.T.Fatal(err)
 	}
 }
 
@@ -108,9 +90,9 @@ func podTemplate(gpuTmpl string, labels map[string]string) v1.PodTemplateSpec {
 
 // indexedJob creates an Indexed Job of n pods (completions = parallelism).
 func (e *env) indexedJob(name string, n int32, gpuTmpl string, annotations map[string]string) *batchv1.Job {
-	e.t.Helper()
+	e.T.Helper()
 	job := &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns, Annotations: annotations},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.NS, Annotations: annotations},
 		Spec: batchv1.JobSpec{
 			CompletionMode: ptr.To(batchv1.IndexedCompletion),
 			Completions:    ptr.To(n), Parallelism: ptr.To(n),
@@ -118,16 +100,16 @@ func (e *env) indexedJob(name string, n int32, gpuTmpl string, annotations map[s
 			Template:     podTemplate(gpuTmpl, nil),
 		},
 	}
-	job, err := e.client.BatchV1().Jobs(e.ns).Create(e.ctx, job, metav1.CreateOptions{})
+	job, err := e.Client.BatchV1().Jobs(e.NS).Create(e.Ctx, job, metav1.CreateOptions{})
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return job
 }
 
 // jobPods are the live pods of a Job.
 func (e *env) jobPods(job string) []v1.Pod {
-	e.t.Helper()
+	e.T.Helper()
 	return e.LivePods("batch.kubernetes.io/job-name=" + job)
 }
 
@@ -143,13 +125,13 @@ func scheduledReason(p *v1.Pod) string {
 
 // podGroup returns a PodGroup, nil when it does not exist.
 func (e *env) podGroup(name string) *unstructured.Unstructured {
-	e.t.Helper()
-	u, err := e.dyn.Resource(kube.PodGroupGVR).Namespace(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+	e.T.Helper()
+	u, err := e.Dyn.Resource(kube.PodGroupGVR).Namespace(e.NS).Get(e.Ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return u
 }
@@ -161,12 +143,12 @@ func minMember(u *unstructured.Unstructured) int64 {
 
 // barePod creates a pod of ours with no owner, asking for gpuTmpl's GPUs.
 func (e *env) barePod(name, gpuTmpl string) *v1.Pod {
-	e.t.Helper()
+	e.T.Helper()
 	tmpl := podTemplate(gpuTmpl, nil)
-	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}, Spec: tmpl.Spec}
-	p, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, p, metav1.CreateOptions{})
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.NS}, Spec: tmpl.Spec}
+	p, err := e.Client.CoreV1().Pods(e.NS).Create(e.Ctx, p, metav1.CreateOptions{})
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return p
 }

@@ -28,39 +28,39 @@ func TestGangJobWithoutTheAPI(t *testing.T) {
 	e.gpuTemplate("two-gpus", 2)
 	e.gpuTemplate("four-gpus", 4)
 	pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "tessera-train"}, Value: 50}
-	if _, err := e.client.SchedulingV1().PriorityClasses().Create(e.ctx, pc, metav1.CreateOptions{}); err != nil {
+	if _, err := e.Client.SchedulingV1().PriorityClasses().Create(e.Ctx, pc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	queue := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "Queue", "metadata": map[string]any{"name": "team-a"},
 		"spec": map[string]any{"resources": map[string]any{"gpu": map[string]any{"quota": "16"}}},
 	}}
-	if _, err := e.dyn.Resource(kube.QueueGVR).Create(e.ctx, queue, metav1.CreateOptions{}); err != nil {
+	if _, err := e.Dyn.Resource(kube.QueueGVR).Create(e.Ctx, queue, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.startController()
 	// 4 of the 8 GPUs taken by team-a's own pod that is no victim (the gang
 	// would otherwise evict it to run).
 	tmpl := podTemplate("four-gpus", map[string]string{kube.LabelQueue: "team-a"})
-	filler := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "filler", Namespace: e.ns, Labels: tmpl.Labels,
+	filler := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "filler", Namespace: e.NS, Labels: tmpl.Labels,
 		Annotations: map[string]string{kube.AnnotationPreemptible: "false"}}, Spec: tmpl.Spec}
-	if _, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, filler, metav1.CreateOptions{}); err != nil {
+	if _, err := e.Client.CoreV1().Pods(e.NS).Create(e.Ctx, filler, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.eventually("the filler bound", 30*time.Second, func() (bool, string) {
-		p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, "filler", metav1.GetOptions{})
+		p, err := e.Client.CoreV1().Pods(e.NS).Get(e.Ctx, "filler", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
 		return p.Spec.NodeName != "", scheduledReason(p)
 	})
 
-	job, err := e.client.BatchV1().Jobs(e.ns).Create(e.ctx, framework.GangJob(e.ns, "llama", 3, "team-a", "two-gpus", "tessera-train"), metav1.CreateOptions{})
+	job, err := e.Client.BatchV1().Jobs(e.NS).Create(e.Ctx, framework.GangJob(e.NS, "llama", 3, "team-a", "two-gpus", "tessera-train"), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("Job llama as stored: spec.scheduling %+v (the API server drops it where WorkloadWithJob is off)", job.Spec.Scheduling)
-	words := fmt.Sprintf("job %s/llama: 3 pods × 2 GPUs must start together; 4 GPUs are free", e.ns)
+	words := fmt.Sprintf("job %s/llama: 3 pods × 2 GPUs must start together; 4 GPUs are free", e.NS)
 	e.eventually("3 pods in the grouper's gang, none bound, each saying why", 60*time.Second, func() (bool, string) {
 		pods := e.jobPods("llama")
 		if framework.Bound(pods) > 0 {
@@ -85,7 +85,7 @@ func TestGangJobWithoutTheAPI(t *testing.T) {
 	}
 	t.Logf("pending reason: %s", scheduledReason(&pods[0]))
 
-	if err := e.client.CoreV1().Pods(e.ns).Delete(e.ctx, "filler", metav1.DeleteOptions{}); err != nil {
+	if err := e.Client.CoreV1().Pods(e.NS).Delete(e.Ctx, "filler", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.eventually("all 3 bound", 60*time.Second, func() (bool, string) {

@@ -29,7 +29,7 @@ func TestIndexedJobIsAGang(t *testing.T) {
 	// 2 of the 8 GPUs taken by a bare pod (no owner: scheduled alone at once).
 	e.barePod("blocker", "two-gpus")
 	e.eventually("the blocker bound", 30*time.Second, func() (bool, string) {
-		p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, "blocker", metav1.GetOptions{})
+		p, err := e.Client.CoreV1().Pods(e.NS).Get(e.Ctx, "blocker", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -76,7 +76,7 @@ func TestIndexedJobIsAGang(t *testing.T) {
 
 	// Room appears: every pod binds, in one cycle (no pod binds alone
 	// first: checked above; all four are bound together below).
-	if err := e.client.CoreV1().Pods(e.ns).Delete(e.ctx, "blocker", metav1.DeleteOptions{}); err != nil {
+	if err := e.Client.CoreV1().Pods(e.NS).Delete(e.Ctx, "blocker", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.eventually("all 4 bound", 60*time.Second, func() (bool, string) {
@@ -87,7 +87,7 @@ func TestIndexedJobIsAGang(t *testing.T) {
 	// The minimum follows the Job: parallelism 4 → 2 (completions stay 4)
 	// is no gang any more; the group needs 1.
 	patch := []byte(`{"spec":{"parallelism":2}}`)
-	if _, err := e.client.BatchV1().Jobs(e.ns).Patch(e.ctx, "llama", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	if _, err := e.Client.BatchV1().Jobs(e.NS).Patch(e.Ctx, "llama", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.eventually("minMember 1 after scaling", 30*time.Second, func() (bool, string) {
@@ -97,7 +97,7 @@ func TestIndexedJobIsAGang(t *testing.T) {
 
 	// Garbage-collected with its Job.
 	fg := metav1.DeletePropagationForeground
-	if err := e.client.BatchV1().Jobs(e.ns).Delete(e.ctx, "llama", metav1.DeleteOptions{PropagationPolicy: &fg}); err != nil {
+	if err := e.Client.BatchV1().Jobs(e.NS).Delete(e.Ctx, "llama", metav1.DeleteOptions{PropagationPolicy: &fg}); err != nil {
 		t.Fatal(err)
 	}
 	e.eventually("PodGroup job-llama collected", 60*time.Second, func() (bool, string) {
@@ -119,12 +119,12 @@ func TestReclaimEvictsTheGang(t *testing.T) {
 			"metadata": map[string]any{"name": name},
 			"spec":     map[string]any{"resources": map[string]any{"gpu": map[string]any{"quota": quota}}},
 		}}
-		if _, err := e.dyn.Resource(kube.QueueGVR).Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
+		if _, err := e.Dyn.Resource(kube.QueueGVR).Create(e.Ctx, u, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	patch := []byte(`{"metadata":{"labels":{"` + kube.LabelQueue + `":"train"}}}`)
-	if _, err := e.client.CoreV1().Namespaces().Patch(e.ctx, e.ns, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	if _, err := e.Client.CoreV1().Namespaces().Patch(e.Ctx, e.NS, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.startController()
@@ -140,18 +140,18 @@ func TestReclaimEvictsTheGang(t *testing.T) {
 
 	// A pod of queue serve (quota 8) needs 2 GPUs: train is over its quota.
 	tmpl := podTemplate("two-gpus", map[string]string{kube.LabelQueue: "serve"})
-	server := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "server", Namespace: e.ns, Labels: tmpl.Labels}, Spec: tmpl.Spec}
-	if _, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, server, metav1.CreateOptions{}); err != nil {
+	server := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "server", Namespace: e.NS, Labels: tmpl.Labels}, Spec: tmpl.Spec}
+	if _, err := e.Client.CoreV1().Pods(e.NS).Create(e.Ctx, server, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.eventually("server bound, the whole gang gone", 60*time.Second, func() (bool, string) {
-		s, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, "server", metav1.GetOptions{})
+		s, err := e.Client.CoreV1().Pods(e.NS).Get(e.Ctx, "server", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
 		left := 0
 		for _, g := range gang {
-			cur, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, g.Name, metav1.GetOptions{})
+			cur, err := e.Client.CoreV1().Pods(e.NS).Get(e.Ctx, g.Name, metav1.GetOptions{})
 			if err == nil && cur.UID == g.UID && cur.DeletionTimestamp == nil {
 				left++
 			}

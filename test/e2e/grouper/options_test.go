@@ -25,7 +25,7 @@ func TestGrouperOptions(t *testing.T) {
 	e.startController()
 	e.barePod("blocker", "two-gpus")
 	e.eventually("the bare pod bound, with no annotation", 30*time.Second, func() (bool, string) {
-		p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, "blocker", metav1.GetOptions{})
+		p, err := e.Client.CoreV1().Pods(e.NS).Get(e.Ctx, "blocker", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -36,7 +36,7 @@ func TestGrouperOptions(t *testing.T) {
 	})
 	fg := metav1.DeletePropagationForeground
 	deleteJob := func(name string) {
-		if err := e.client.BatchV1().Jobs(e.ns).Delete(e.ctx, name, metav1.DeleteOptions{PropagationPolicy: &fg}); err != nil {
+		if err := e.Client.BatchV1().Jobs(e.NS).Delete(e.Ctx, name, metav1.DeleteOptions{PropagationPolicy: &fg}); err != nil {
 			t.Fatal(err)
 		}
 		e.eventually(name+" gone", 60*time.Second, func() (bool, string) {
@@ -62,11 +62,11 @@ func TestGrouperOptions(t *testing.T) {
 
 	t.Run("override: a plain Job of 4 made a gang of 4", func(t *testing.T) {
 		job := &batchv1.Job{
-			ObjectMeta: metav1.ObjectMeta{Name: "plain", Namespace: e.ns, Annotations: map[string]string{kube.AnnotationMinMember: "4"}},
+			ObjectMeta: metav1.ObjectMeta{Name: "plain", Namespace: e.NS, Annotations: map[string]string{kube.AnnotationMinMember: "4"}},
 			Spec: batchv1.JobSpec{Completions: ptr.To[int32](4), Parallelism: ptr.To[int32](4), BackoffLimit: ptr.To[int32](0),
 				Template: podTemplate("two-gpus", nil)},
 		}
-		if _, err := e.client.BatchV1().Jobs(e.ns).Create(e.ctx, job, metav1.CreateOptions{}); err != nil {
+		if _, err := e.Client.BatchV1().Jobs(e.NS).Create(e.Ctx, job, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		e.eventually("4 pods in job-plain, none bound", 60*time.Second, func() (bool, string) {
@@ -100,7 +100,7 @@ func TestGrouperOptions(t *testing.T) {
 
 	t.Run("a Deployment's pods: one group each, no write", func(t *testing.T) {
 		dep := &appsv1.Deployment{
-			ObjectMeta: metav1.ObjectMeta{Name: "serve", Namespace: e.ns},
+			ObjectMeta: metav1.ObjectMeta{Name: "serve", Namespace: e.NS},
 			Spec: appsv1.DeploymentSpec{
 				Replicas: ptr.To[int32](4),
 				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "serve"}},
@@ -108,11 +108,11 @@ func TestGrouperOptions(t *testing.T) {
 			},
 		}
 		dep.Spec.Template.Spec.RestartPolicy = v1.RestartPolicyAlways
-		if _, err := e.client.AppsV1().Deployments(e.ns).Create(e.ctx, dep, metav1.CreateOptions{}); err != nil {
+		if _, err := e.Client.AppsV1().Deployments(e.NS).Create(e.Ctx, dep, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		e.eventually("3 of 4 bound, none annotated", 60*time.Second, func() (bool, string) {
-			l, err := e.client.CoreV1().Pods(e.ns).List(e.ctx, metav1.ListOptions{LabelSelector: "app=serve"})
+			l, err := e.Client.CoreV1().Pods(e.NS).List(e.Ctx, metav1.ListOptions{LabelSelector: "app=serve"})
 			if err != nil {
 				return false, err.Error()
 			}

@@ -28,7 +28,7 @@ func TestJobTopologyAnnotation(t *testing.T) {
 			name := fmt.Sprintf("n-%s-%d", r, i)
 			e.addGPUNode(name, "l4-2")
 			patch := []byte(`{"metadata":{"labels":{"` + labelRack + `":"` + r + `"}}}`)
-			if _, err := e.client.CoreV1().Nodes().Patch(e.ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			if _, err := e.Client.CoreV1().Nodes().Patch(e.Ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			rackOf[name] = r
@@ -38,7 +38,7 @@ func TestJobTopologyAnnotation(t *testing.T) {
 		"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "Topology", "metadata": map[string]any{"name": "dc"},
 		"spec": map[string]any{"levels": []any{map[string]any{"nodeLabel": labelRack}, map[string]any{"nodeLabel": "kubernetes.io/hostname"}}},
 	}}
-	if _, err := e.dyn.Resource(kube.TopologyGVR).Create(e.ctx, topo, metav1.CreateOptions{}); err != nil {
+	if _, err := e.Dyn.Resource(kube.TopologyGVR).Create(e.Ctx, topo, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.gpuTemplate("one-gpu", 1)
@@ -46,12 +46,12 @@ func TestJobTopologyAnnotation(t *testing.T) {
 	for _, node := range []string{"n-r1-0", "n-r1-1"} {
 		tmpl := podTemplate("one-gpu", nil)
 		tmpl.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": node}
-		p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "filler-" + node, Namespace: e.ns}, Spec: tmpl.Spec}
-		if _, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, p, metav1.CreateOptions{}); err != nil {
+		p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "filler-" + node, Namespace: e.NS}, Spec: tmpl.Spec}
+		if _, err := e.Client.CoreV1().Pods(e.NS).Create(e.Ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		e.eventually(p.Name+" bound", 30*time.Second, func() (bool, string) {
-			got, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, p.Name, metav1.GetOptions{})
+			got, err := e.Client.CoreV1().Pods(e.NS).Get(e.Ctx, p.Name, metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
 			}

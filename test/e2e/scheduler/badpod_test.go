@@ -75,7 +75,7 @@ func TestBadPodFailsAlone(t *testing.T) {
 	// the scheduler (podGroupSpec refuses it too: TestPodGroupSpec).
 	if err := e.tryPodGroup("no-members", 0); err == nil {
 		e.createPod(podSpec{name: "in-no-members", group: "no-members", claim: &gpuClaim{}})
-		bad["in-no-members"] = "PodGroup " + e.ns + "/no-members: spec.minMember 0 must be at least 1"
+		bad["in-no-members"] = "PodGroup " + e.NS + "/no-members: spec.minMember 0 must be at least 1"
 	} else {
 		t.Logf("the API refuses a PodGroup of minMember 0: %v", err)
 	}
@@ -104,7 +104,7 @@ func TestBadPodFailsAlone(t *testing.T) {
 			t.Errorf("%s was bound to %s", name, p.Spec.NodeName)
 		}
 		e.eventually(name+"'s FailedScheduling event", 30*time.Second, func() (bool, string) {
-			ev, err := e.client.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{FieldSelector: fields.AndSelectors(
+			ev, err := e.Client.CoreV1().Events(e.NS).List(e.Ctx, metav1.ListOptions{FieldSelector: fields.AndSelectors(
 				fields.OneTermEqualSelector("reason", "FailedScheduling"), fields.OneTermEqualSelector("involvedObject.name", name)).String()})
 			if err != nil {
 				return false, err.Error()
@@ -123,16 +123,16 @@ func TestBadPodFailsAlone(t *testing.T) {
 // tryHugeClaimPod creates a pod whose claim asks for 1e100 bytes of GPU
 // memory; false (with a log line) when the API refuses the claim template.
 func (e *env) tryHugeClaimPod(name string) bool {
-	e.t.Helper()
+	e.T.Helper()
 	req := resourceapi.ExactDeviceRequest{DeviceClassName: deviceclasses.MPS, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
 		Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("1e100")}}}
 	tmpl := &resourceapi.ResourceClaimTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.NS},
 		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
 			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &req}}}}},
 	}
-	if _, err := e.client.ResourceV1().ResourceClaimTemplates(e.ns).Create(e.ctx, tmpl, metav1.CreateOptions{}); err != nil {
-		e.t.Logf("the API refuses a claim asking for 1e100 bytes: %v", err)
+	if _, err := e.Client.ResourceV1().ResourceClaimTemplates(e.NS).Create(e.Ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		e.T.Logf("the API refuses a claim asking for 1e100 bytes: %v", err)
 		return false
 	}
 	e.createPod(podSpec{name: name, claimTemplate: tmpl.Name})
@@ -143,9 +143,9 @@ func (e *env) tryHugeClaimPod(name string) bool {
 func (e *env) tryPodGroup(name string, minMember int64) error {
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "PodGroup",
-		"metadata": map[string]any{"name": name, "namespace": e.ns},
+		"metadata": map[string]any{"name": name, "namespace": e.NS},
 		"spec":     map[string]any{"minMember": minMember},
 	}}
-	_, err := e.dyn.Resource(kube.PodGroupGVR).Namespace(e.ns).Create(e.ctx, u, metav1.CreateOptions{})
+	_, err := e.Dyn.Resource(kube.PodGroupGVR).Namespace(e.NS).Create(e.Ctx, u, metav1.CreateOptions{})
 	return err
 }

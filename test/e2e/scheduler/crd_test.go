@@ -46,7 +46,7 @@ func TestQueueValidation(t *testing.T) {
 				"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "Queue",
 				"metadata": map[string]any{"name": sanitize(name)}, "spec": tc.spec,
 			}}
-			_, err := e.dyn.Resource(kube.QueueGVR).Create(e.ctx, u, metav1.CreateOptions{})
+			_, err := e.Dyn.Resource(kube.QueueGVR).Create(e.Ctx, u, metav1.CreateOptions{})
 			switch {
 			case tc.want == "" && err != nil:
 				t.Fatalf("valid queue refused: %v", err)
@@ -82,7 +82,7 @@ func TestQuotaWindowSwitches(t *testing.T) {
 	if start.Sub(now) < 25*time.Second {
 		start = start.Add(time.Minute) // room to see the state before it
 	}
-	u, err := e.dyn.Resource(kube.QueueGVR).Get(e.ctx, "team-b", metav1.GetOptions{})
+	u, err := e.Dyn.Resource(kube.QueueGVR).Get(e.Ctx, "team-b", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestQuotaWindowSwitches(t *testing.T) {
 	if err := unstructured.SetNestedField(u.Object, spec, "spec"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.dyn.Resource(kube.QueueGVR).Update(e.ctx, u, metav1.UpdateOptions{}); err != nil {
+	if _, err := e.Dyn.Resource(kube.QueueGVR).Update(e.Ctx, u, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var b []string

@@ -29,10 +29,10 @@ func wholeLimits(n string) v1.ResourceList {
 
 // sliceGPUs reads a node's published GPUs: UUID and memory by index.
 func (e *env) sliceGPUs(node string) (uuids map[int]string, memory map[int]int64) {
-	e.t.Helper()
+	e.T.Helper()
 	uuids, memory = map[int]string{}, map[int]int64{}
-	sl, err := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
-	require.NoError(e.t, err)
+	sl, err := e.Client.ResourceV1().ResourceSlices().List(e.Ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	require.NoError(e.T, err)
 	for _, s := range sl.Items {
 		for _, d := range s.Spec.Devices {
 			i := int(*d.Attributes["gpu.tessera.dev/index"].IntValue)
@@ -41,27 +41,27 @@ func (e *env) sliceGPUs(node string) (uuids map[int]string, memory map[int]int64
 			memory[i] = q.Value()
 		}
 	}
-	require.NotEmpty(e.t, uuids, "node %s publishes no GPUs", node)
+	require.NotEmpty(e.T, uuids, "node %s publishes no GPUs", node)
 	return uuids, memory
 }
 
 // assignmentOf reads and validates a bound pod's assignment.
 func (e *env) assignmentOf(pod string) assignment.Assignment {
-	e.t.Helper()
+	e.T.Helper()
 	p := e.pod(pod)
 	a, ok, err := assignment.Of(p.Annotations)
-	require.True(e.t, ok, "pod %s has no %s annotation", pod, assignment.Annotation)
-	require.NoError(e.t, err)
+	require.True(e.T, ok, "pod %s has no %s annotation", pod, assignment.Annotation)
+	require.NoError(e.T, err)
 	return a
 }
 
 // claimGPUs lists the GPU indices of a pod's allocated claim.
 func (e *env) claimGPUs(pod string) []int {
-	e.t.Helper()
+	e.T.Helper()
 	var out []int
 	for _, d := range e.devicesOf(pod) {
 		i, err := strconv.Atoi(strings.TrimPrefix(d[strings.LastIndex(d, "/")+1:], "gpu-"))
-		require.NoError(e.t, err, "device %s", d)
+		require.NoError(e.T, err, "device %s", d)
 		out = append(out, i)
 	}
 	return out
@@ -179,10 +179,10 @@ func TestDevicePluginPods(t *testing.T) {
 		}
 		// Room again: the device-plugin pod goes where the claim was.
 		for _, name := range []string{"half-next", "dra-next"} {
-			require.NoError(t, e.client.CoreV1().Pods(e.ns).Delete(e.ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
+			require.NoError(t, e.Client.CoreV1().Pods(e.NS).Delete(e.Ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
 		}
 		freed := e.claimGPUs("dra-one")
-		require.NoError(t, e.client.CoreV1().Pods(e.ns).Delete(e.ctx, "dra-one", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
+		require.NoError(t, e.Client.CoreV1().Pods(e.NS).Delete(e.Ctx, "dra-one", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
 		e.waitBound("dp-next")
 		assert.Equal(t, "dp-0", e.pod("dp-next").Spec.NodeName)
 		assert.Equal(t, freed, e.assignmentOf("dp-next").GPUs)
@@ -191,9 +191,9 @@ func TestDevicePluginPods(t *testing.T) {
 
 // dpTaint is the device-plugin taint value of a GPU in a node's slice.
 func (e *env) dpTaint(node, device string) string {
-	e.t.Helper()
-	sl, err := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
-	require.NoError(e.t, err)
+	e.T.Helper()
+	sl, err := e.Client.ResourceV1().ResourceSlices().List(e.Ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	require.NoError(e.T, err)
 	for _, s := range sl.Items {
 		for _, d := range s.Spec.Devices {
 			for _, t := range d.Taints {
@@ -207,7 +207,7 @@ func (e *env) dpTaint(node, device string) string {
 }
 
 func (e *env) waitDPTaint(node, device, want string) {
-	e.t.Helper()
+	e.T.Helper()
 	e.eventually(fmt.Sprintf("%s/%s tainted %q", node, device, want), 30*time.Second, func() (bool, string) {
 		got := e.dpTaint(node, device)
 		return got == want, got
@@ -231,7 +231,7 @@ func TestDevicePluginTaints(t *testing.T) {
 
 	// kube-scheduler bound a pod with nvidia.com/gpu: 1 there (no
 	// assignment) and the kubelet allocated GPU 0 for it.
-	_, err := d.AllocatePod(e.ctx, driver.PodRequest{UID: "uid-kube-scheduled", Namespace: "other", Name: "kube-scheduled",
+	_, err := d.AllocatePod(e.Ctx, driver.PodRequest{UID: "uid-kube-scheduled", Namespace: "other", Name: "kube-scheduled",
 		Resource: assignment.DefaultResourceGPU, DeviceIDs: []string{uuids[0]}, GPUs: []string{uuids[0]}})
 	require.NoError(t, err)
 	e.waitDPTaint(node, "gpu-0", "whole")
@@ -252,7 +252,7 @@ func TestDevicePluginTaints(t *testing.T) {
 		})
 		// The node releases the GPU (the pod ended): the taint goes, and
 		// the claim gets it.
-		_, err := d.ReleasePod(e.ctx, "uid-kube-scheduled")
+		_, err := d.ReleasePod(e.Ctx, "uid-kube-scheduled")
 		require.NoError(t, err)
 		e.waitBound("claim-b")
 		assert.Equal(t, []int{0}, e.claimGPUs("claim-b"))
@@ -261,7 +261,7 @@ func TestDevicePluginTaints(t *testing.T) {
 
 	t.Run("a shared GPU whose holder is known takes more shares", func(t *testing.T) {
 		// GPU 1 becomes free; GPU 0 stays with claim-b.
-		require.NoError(t, e.client.CoreV1().Pods(e.ns).Delete(e.ctx, "claim-a", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
+		require.NoError(t, e.Client.CoreV1().Pods(e.NS).Delete(e.Ctx, "claim-a", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
 		quarter := map[string]string{kube.AnnotationGPUFraction: "0.25", kube.AnnotationGPUSharing: "timeslice"}
 		e.createPod(podSpec{name: "dp-share", limits: slotLimits, annotations: quarter})
 		e.waitBound("dp-share")
@@ -269,7 +269,7 @@ func TestDevicePluginTaints(t *testing.T) {
 		require.Equal(t, []int{1}, a.GPUs)
 		// The kubelet admits it: the device plugin's Allocate, on the ledger.
 		p := e.pod("dp-share")
-		_, err := d.AllocatePod(e.ctx, driver.PodRequest{UID: string(p.UID), Namespace: p.Namespace, Name: p.Name,
+		_, err := d.AllocatePod(e.Ctx, driver.PodRequest{UID: string(p.UID), Namespace: p.Namespace, Name: p.Name,
 			Resource: assignment.ResourceShare, DeviceIDs: []string{"gpu-1-slot-0"}, GPUs: []string{uuids[1]},
 			MemoryBytes: uint64(a.MemoryBytes), Config: v1alpha1.NewTimeSlicingConfig("")})
 		require.NoError(t, err)

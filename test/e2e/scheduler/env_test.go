@@ -15,8 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/controller/core"
@@ -32,14 +30,8 @@ import (
 // per node publishing its slices, and tessera-scheduler running in-process.
 type env struct {
 	*framework.Env
-	t      *testing.T
-	ctx    context.Context
-	cp     *controlplane.ControlPlane
-	client kubernetes.Interface
-	dyn    dynamic.Interface
-	ns     string
-	stop   context.CancelFunc
-	sched  *kube.Scheduler
+	stop  context.CancelFunc
+	sched *kube.Scheduler
 	// reg holds the running scheduler's metrics.
 	reg *prometheus.Registry
 	// usage, when set before startScheduler, keeps a usage history.
@@ -55,46 +47,37 @@ func newEnv(t *testing.T) *env {
 func newEnvWith(t *testing.T, opts controlplane.Options) *env {
 	t.Helper()
 	fe := framework.NewEnv(t, framework.EnvOptions{ControlPlane: opts, Namespace: "work"})
-	e := &env{Env: fe, t: t, ctx: fe.Ctx, cp: fe.CP, client: fe.Client, dyn: fe.Dyn, ns: fe.NS}
+	e := &env{Env: fe}
 	for name, value := range map[string]int32{"tessera-train": 50, "tessera-build": 100, "tessera-inference": 125} {
-		_, err := e.client.SchedulingV1().PriorityClasses().Create(e.ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Value: value}, metav1.CreateOptions{})
+		_, err := e.Client.SchedulingV1().PriorityClasses().Create(e.Ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Value: value}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
 	never := v1.PreemptNever
-	if _, err := e.client.SchedulingV1().PriorityClasses().Create(e.ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "build-no-preempt"}, Value: 100, PreemptionPolicy: &never}, metav1.CreateOptions{}); err != nil {
+	if _, err := e.Client.SchedulingV1().PriorityClasses().Create(e.Ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "build-no-preempt"}, Value: 100, PreemptionPolicy: &never}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	return e
 }
 
 func (e *env) installCRDs() {
-	if err := framework.InstallCRDs(e.ctx, e.dyn); err != nil {
-		e.t.Fatal(err)
+	if err := framework.InstallCRDs(e.Ctx, e.Dyn); err != nil {
+		e.T.Fatal(err)
 	}
 }
 
 // startScheduler runs tessera-scheduler in-process until the test ends or
 // stopScheduler is called.
 func (e *env) startScheduler(cfg core.Config) {
-	e.t.Helper()
+	e.T.Helper()
 	e.reg = prometheus.NewRegistry()
-	s, err := kube.New(kube.Options{Client: e.client, Dynamic: e.dyn, Interval: 200 * time.Millisecond, Core: cfg, Metrics: kube.NewMetrics(e.reg), Usage: e.usage})
+	s, err := kube.New(kube.Options{Client: e.Client, Dynamic: e.Dyn, Interval: 200 * time.Millisecond, Core: cfg, Metrics: kube.NewMetrics(e.reg), Usage: e.usage})
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(e.ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := s.Run(ctx); err != nil {
-			e.t.Errorf("scheduler: %v", err)
-		}
-	}()
 	e.sched = s
-	e.stop = func() { cancel(); <-done }
-	e.t.Cleanup(e.stopScheduler)
+	e.stop = e.Background("scheduler", s.Run)
 }
 
 func (e *env) stopScheduler() {
@@ -107,7 +90,7 @@ func (e *env) stopScheduler() {
 // addGPUNode adds a kwok node with a tessera-node (in-process, fake profile)
 // publishing its GPUs, and waits for the slice.
 func (e *env) addGPUNode(name, profile string, taints ...v1.Taint) {
-	e.t.Helper()
+	e.T.Helper()
 	e.addGPUNodeWith(name, profile, nil, taints...)
 }
 
@@ -117,19 +100,19 @@ func (e *env) addGPUNode(name, profile string, taints ...v1.Taint) {
 // It returns the node's driver, whose ledger tests may use as the device
 // plugin would.
 func (e *env) addGPUNodeWith(name, profile string, extra v1.ResourceList, taints ...v1.Taint) *driver.Driver {
-	e.t.Helper()
+	e.T.Helper()
 	return e.AddGPUNode(name, profile, framework.NodeOptions{Extra: extra, Taints: taints, LabelClique: true})
 }
 
 // startTesseraNode runs tessera-node in-process (fake GPUs of profile,
 // opts) for the kwok node name and waits for its slice.
 func (e *env) startTesseraNode(name, profile string, opts ...gpu.Option) *driver.Driver {
-	e.t.Helper()
+	e.T.Helper()
 	return e.StartTesseraNode(name, profile, framework.NodeOptions{LabelClique: true, GPU: opts})
 }
 
 func (e *env) eventually(what string, timeout time.Duration, cond func() (bool, string)) {
-	e.t.Helper()
+	e.T.Helper()
 	e.Eventually(what, timeout, cond)
 }
 
@@ -171,9 +154,9 @@ type podSpec struct {
 }
 
 func (e *env) createPod(p podSpec) *v1.Pod {
-	e.t.Helper()
+	e.T.Helper()
 	pod := &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: e.ns, Labels: map[string]string{}, Annotations: map[string]string{}},
+		ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: e.NS, Labels: map[string]string{}, Annotations: map[string]string{}},
 		Spec: v1.PodSpec{
 			SchedulerName:     kube.SchedulerName,
 			PriorityClassName: p.priority,
@@ -226,24 +209,24 @@ func (e *env) createPod(p podSpec) *v1.Pod {
 	if p.nicClass != "" {
 		tmpl := p.name + "-nic"
 		spec := resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: p.nicClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}}}}
-		if _, err := e.client.ResourceV1().ResourceClaimTemplates(e.ns).Create(e.ctx, &resourceapi.ResourceClaimTemplate{
-			ObjectMeta: metav1.ObjectMeta{Name: tmpl, Namespace: e.ns},
+		if _, err := e.Client.ResourceV1().ResourceClaimTemplates(e.NS).Create(e.Ctx, &resourceapi.ResourceClaimTemplate{
+			ObjectMeta: metav1.ObjectMeta{Name: tmpl, Namespace: e.NS},
 			Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: spec}},
 		}, metav1.CreateOptions{}); err != nil {
-			e.t.Fatal(err)
+			e.T.Fatal(err)
 		}
 		pod.Spec.ResourceClaims = append(pod.Spec.ResourceClaims, v1.PodResourceClaim{Name: "nic", ResourceClaimTemplateName: &tmpl})
 		pod.Spec.Containers[0].Resources.Claims = append(pod.Spec.Containers[0].Resources.Claims, v1.ResourceClaim{Name: "nic"})
 	}
-	created, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, pod, metav1.CreateOptions{})
+	created, err := e.Client.CoreV1().Pods(e.NS).Create(e.Ctx, pod, metav1.CreateOptions{})
 	if err != nil {
-		e.t.Fatalf("creating pod %s: %v", p.name, err)
+		e.T.Fatalf("creating pod %s: %v", p.name, err)
 	}
 	return created
 }
 
 func (e *env) claimTemplate(name string, c gpuClaim) string {
-	e.t.Helper()
+	e.T.Helper()
 	if c.class == "" {
 		c.class = deviceclasses.Exclusive
 	}
@@ -262,17 +245,17 @@ func (e *env) claimTemplate(name string, c gpuClaim) string {
 		spec.Constraints = []resourceapi.DeviceConstraint{{MatchAttribute: ptr.To(resourceapi.FullyQualifiedName("gpu.tessera.dev/nvlinkDomain"))}}
 	}
 	tmpl := &resourceapi.ResourceClaimTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.NS},
 		Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: spec}},
 	}
-	if _, err := e.client.ResourceV1().ResourceClaimTemplates(e.ns).Create(e.ctx, tmpl, metav1.CreateOptions{}); err != nil {
-		e.t.Fatalf("creating ResourceClaimTemplate %s: %v", name, err)
+	if _, err := e.Client.ResourceV1().ResourceClaimTemplates(e.NS).Create(e.Ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		e.T.Fatalf("creating ResourceClaimTemplate %s: %v", name, err)
 	}
 	return name
 }
 
 func (e *env) createQueue(name, parent string, gpuQuota, gpuLimit string, priority int32) {
-	e.t.Helper()
+	e.T.Helper()
 	gpuRes := map[string]any{}
 	if gpuQuota != "" {
 		gpuRes["quota"] = gpuQuota
@@ -288,24 +271,24 @@ func (e *env) createQueue(name, parent string, gpuQuota, gpuLimit string, priori
 }
 
 func (e *env) createPodGroup(name, queue string, minMember int64) {
-	e.t.Helper()
+	e.T.Helper()
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "PodGroup",
-		"metadata": map[string]any{"name": name, "namespace": e.ns},
+		"metadata": map[string]any{"name": name, "namespace": e.NS},
 		"spec":     map[string]any{"minMember": minMember, "queue": queue},
 	}}
-	if _, err := e.dyn.Resource(kube.PodGroupGVR).Namespace(e.ns).Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
-		e.t.Fatalf("creating PodGroup %s: %v", name, err)
+	if _, err := e.Dyn.Resource(kube.PodGroupGVR).Namespace(e.NS).Create(e.Ctx, u, metav1.CreateOptions{}); err != nil {
+		e.T.Fatalf("creating PodGroup %s: %v", name, err)
 	}
 }
 
 func (e *env) pod(name string) *v1.Pod {
-	e.t.Helper()
+	e.T.Helper()
 	return e.Pod(name)
 }
 
 func (e *env) waitBound(names ...string) {
-	e.t.Helper()
+	e.T.Helper()
 	e.WaitBound(60*time.Second, names...)
 }
 
@@ -313,17 +296,17 @@ var pendingReason = framework.PendingReason
 
 // claimOf returns the allocated claim of a test pod.
 func (e *env) claimOf(pod string) *resourceapi.ResourceClaim {
-	e.t.Helper()
+	e.T.Helper()
 	if c := e.findClaim(pod); c != nil {
 		return c
 	}
-	e.t.Fatalf("pod %s has no claim", pod)
+	e.T.Fatalf("pod %s has no claim", pod)
 	return nil
 }
 
 // waitClaim waits for kube-controller-manager to make the pod's claim.
 func (e *env) waitClaim(pod string) *resourceapi.ResourceClaim {
-	e.t.Helper()
+	e.T.Helper()
 	var c *resourceapi.ResourceClaim
 	e.eventually(pod+"'s claim created", 30*time.Second, func() (bool, string) {
 		c = e.findClaim(pod)
@@ -335,12 +318,12 @@ func (e *env) waitClaim(pod string) *resourceapi.ResourceClaim {
 // findClaim returns the pod's first generated claim, or nil before there is
 // one.
 func (e *env) findClaim(pod string) *resourceapi.ResourceClaim {
-	e.t.Helper()
+	e.T.Helper()
 	for _, s := range e.pod(pod).Status.ResourceClaimStatuses {
 		if s.ResourceClaimName != nil {
-			c, err := e.client.ResourceV1().ResourceClaims(e.ns).Get(e.ctx, *s.ResourceClaimName, metav1.GetOptions{})
+			c, err := e.Client.ResourceV1().ResourceClaims(e.NS).Get(e.Ctx, *s.ResourceClaimName, metav1.GetOptions{})
 			if err != nil {
-				e.t.Fatal(err)
+				e.T.Fatal(err)
 			}
 			return c
 		}
@@ -352,7 +335,7 @@ func (e *env) findClaim(pod string) *resourceapi.ResourceClaim {
 func (e *env) devicesOf(pod string) []string {
 	c := e.claimOf(pod)
 	if c.Status.Allocation == nil {
-		e.t.Fatalf("claim of %s is not allocated", pod)
+		e.T.Fatalf("claim of %s is not allocated", pod)
 	}
 	var out []string
 	for _, r := range c.Status.Allocation.Devices.Results {
@@ -365,10 +348,10 @@ func (e *env) devicesOf(pod string) []string {
 // checkNoDoubleAllocation fails when a device is given to two claims beyond
 // its capacity, or a bound pod lacks its claim's allocation.
 func (e *env) checkNoDoubleAllocation() {
-	e.t.Helper()
-	claims, err := e.client.ResourceV1().ResourceClaims("").List(e.ctx, metav1.ListOptions{})
+	e.T.Helper()
+	claims, err := e.Client.ResourceV1().ResourceClaims("").List(e.Ctx, metav1.ListOptions{})
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	used := map[string]int64{}
 	exclusive := map[string]string{}
@@ -380,7 +363,7 @@ func (e *env) checkNoDoubleAllocation() {
 			dev := r.Pool + "/" + r.Device
 			if r.ShareID == nil || len(r.ConsumedCapacity) == 0 {
 				if other, ok := exclusive[dev]; ok {
-					e.t.Errorf("device %s given to claims %s and %s", dev, other, c.Name)
+					e.T.Errorf("device %s given to claims %s and %s", dev, other, c.Name)
 				}
 				exclusive[dev] = c.Name
 			}
@@ -393,12 +376,12 @@ func (e *env) checkNoDoubleAllocation() {
 	}
 	for dev, u := range used {
 		if u > 141<<30 {
-			e.t.Errorf("device %s over-committed: %d bytes", dev, u)
+			e.T.Errorf("device %s over-committed: %d bytes", dev, u)
 		}
 	}
-	pods, err := e.client.CoreV1().Pods("").List(e.ctx, metav1.ListOptions{})
+	pods, err := e.Client.CoreV1().Pods("").List(e.Ctx, metav1.ListOptions{})
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	for _, p := range pods.Items {
 		if p.Spec.NodeName == "" || len(p.Spec.ResourceClaims) == 0 || p.Spec.SchedulerName != kube.SchedulerName {
@@ -408,13 +391,13 @@ func (e *env) checkNoDoubleAllocation() {
 			if s.ResourceClaimName == nil {
 				continue
 			}
-			c, err := e.client.ResourceV1().ResourceClaims(p.Namespace).Get(e.ctx, *s.ResourceClaimName, metav1.GetOptions{})
+			c, err := e.Client.ResourceV1().ResourceClaims(p.Namespace).Get(e.Ctx, *s.ResourceClaimName, metav1.GetOptions{})
 			if err != nil {
-				e.t.Errorf("bound pod %s: claim %s: %v", p.Name, *s.ResourceClaimName, err)
+				e.T.Errorf("bound pod %s: claim %s: %v", p.Name, *s.ResourceClaimName, err)
 				continue
 			}
 			if c.Status.Allocation == nil || !slices.ContainsFunc(c.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == p.UID }) {
-				e.t.Errorf("pod %s is bound but its claim %s is not allocated and reserved for it", p.Name, c.Name)
+				e.T.Errorf("pod %s is bound but its claim %s is not allocated and reserved for it", p.Name, c.Name)
 			}
 		}
 	}

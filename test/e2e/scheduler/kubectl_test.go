@@ -27,7 +27,7 @@ func TestKubectlPlugin(t *testing.T) {
 	e.createQueue("research", "", "2", "", 100)
 	e.createQueue("vision", "research", "1", "2", 100)
 	// A usage history of 1 s buckets, so recent usage shows within seconds.
-	e.usage = &kube.UsageOptions{Config: core.UsageConfig{Bucket: time.Second, Window: 10 * time.Minute}, Namespace: e.ns}
+	e.usage = &kube.UsageOptions{Config: core.UsageConfig{Bucket: time.Second, Window: 10 * time.Minute}, Namespace: e.NS}
 	e.startScheduler(core.Config{})
 	e.createPod(podSpec{name: "trainer", queue: "vision", claim: &gpuClaim{}})
 	e.createPod(podSpec{name: "infer-a", queue: "vision", claim: &gpuClaim{class: "mps.gpu.tessera.dev", memory: "6Gi"}})
@@ -41,18 +41,18 @@ func TestKubectlPlugin(t *testing.T) {
 		assignment.ResourceShare:      resource.MustParse("20"),
 	})
 	uuids, _ := e.sliceGPUs("dp-b")
-	_, err := d.AllocatePod(e.ctx, driver.PodRequest{UID: "uid-other", Namespace: "other", Name: "other",
+	_, err := d.AllocatePod(e.Ctx, driver.PodRequest{UID: "uid-other", Namespace: "other", Name: "other",
 		Resource: assignment.DefaultResourceGPU, DeviceIDs: []string{uuids[1]}, GPUs: []string{uuids[1]}})
 	require.NoError(t, err)
 	e.waitDPTaint("dp-b", "gpu-1", "whole")
 	e.createPod(podSpec{name: "dp-half", limits: slotLimits, annotations: map[string]string{assignment.AnnotationGPUFraction: "0.5"}})
 	e.waitBound("dp-half")
 	e.createPod(podSpec{name: "too-big", queue: "vision", claim: &gpuClaim{count: 2}})
-	c := ctl.Clients{Kube: e.client, Dynamic: e.dyn, Namespace: e.ns}
+	c := ctl.Clients{Kube: e.Client, Dynamic: e.Dyn, Namespace: e.NS}
 	run := func(args ...string) string {
 		t.Helper()
 		var out bytes.Buffer
-		if err := ctl.Run(e.ctx, c, args, &out); err != nil {
+		if err := ctl.Run(e.Ctx, c, args, &out); err != nil {
 			t.Fatalf("kubectl tessera %s: %v", strings.Join(args, " "), err)
 		}
 		return out.String()
@@ -94,11 +94,11 @@ func TestKubectlPlugin(t *testing.T) {
 	whole, shared, dpShare, dpOther := 0, 0, 0, 0
 	for _, l := range lines[1:] {
 		switch {
-		case rowHas(l, "gpu-a", "Exclusive", "whole", e.ns+"/trainer"):
+		case rowHas(l, "gpu-a", "Exclusive", "whole", e.NS+"/trainer"):
 			whole++
-		case rowHas(l, "gpu-a", "MPS", "12Gi", e.ns+"/infer-a,", e.ns+"/infer-b"):
+		case rowHas(l, "gpu-a", "MPS", "12Gi", e.NS+"/infer-a,", e.NS+"/infer-b"):
 			shared++
-		case rowHas(l, "dp-b", "gpu-0", "MPS", "12Gi", "(50%)", e.ns+"/dp-half"):
+		case rowHas(l, "dp-b", "gpu-0", "MPS", "12Gi", "(50%)", e.NS+"/dp-half"):
 			dpShare++
 		case rowHas(l, "dp-b", "gpu-1", "whole", "(a device-plugin pod)"):
 			dpOther++
@@ -126,7 +126,7 @@ func TestKubectlPlugin(t *testing.T) {
 		t.Errorf("why dp-half:\n%s", got)
 	}
 	var out bytes.Buffer
-	if err := ctl.Run(e.ctx, c, []string{"frobnicate"}, &out); err == nil || !strings.Contains(err.Error(), `unknown command "frobnicate"`) {
+	if err := ctl.Run(e.Ctx, c, []string{"frobnicate"}, &out); err == nil || !strings.Contains(err.Error(), `unknown command "frobnicate"`) {
 		t.Errorf("unknown command: %v", err)
 	}
 }

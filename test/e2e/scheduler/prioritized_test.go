@@ -16,22 +16,22 @@ import (
 // a prioritized list (DRAPrioritizedList): subrequest "two" (2 GPUs), else
 // "one" (1 GPU).
 func (e *env) createFirstAvailablePod(name string) {
-	e.t.Helper()
+	e.T.Helper()
 	sub := func(n string, count int64) resourceapi.DeviceSubRequest {
 		return resourceapi.DeviceSubRequest{Name: n, DeviceClassName: deviceclasses.Exclusive, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: count}
 	}
 	tmpl := &resourceapi.ResourceClaimTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.NS},
 		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
 			Requests: []resourceapi.DeviceRequest{{Name: "gpu", FirstAvailable: []resourceapi.DeviceSubRequest{sub("two", 2), sub("one", 1)}}},
 		}}},
 	}
-	got, err := e.client.ResourceV1().ResourceClaimTemplates(e.ns).Create(e.ctx, tmpl, metav1.CreateOptions{})
+	got, err := e.Client.ResourceV1().ResourceClaimTemplates(e.NS).Create(e.Ctx, tmpl, metav1.CreateOptions{})
 	if err != nil {
-		e.t.Fatalf("creating ResourceClaimTemplate %s: %v", name, err)
+		e.T.Fatalf("creating ResourceClaimTemplate %s: %v", name, err)
 	}
 	if reqs := got.Spec.Spec.Devices.Requests; len(reqs) != 1 || len(reqs[0].FirstAvailable) != 2 {
-		e.t.Fatalf("the API server dropped firstAvailable (DRAPrioritizedList off?): %+v", reqs)
+		e.T.Fatalf("the API server dropped firstAvailable (DRAPrioritizedList off?): %+v", reqs)
 	}
 	e.createPod(podSpec{name: name, claimTemplate: tmpl.Name})
 }

@@ -49,17 +49,17 @@ func TestReplayEqualsController(t *testing.T) {
 		e.waitClaim(n) // kube-controller-manager made it from the template
 	}
 
-	s, err := kube.New(kube.Options{Client: e.client, Dynamic: e.dyn, Interval: 200 * time.Millisecond,
+	s, err := kube.New(kube.Options{Client: e.Client, Dynamic: e.Dyn, Interval: 200 * time.Millisecond,
 		Core: core.Config{DisableConsolidation: true}, Metrics: kube.NewMetrics(prometheus.NewRegistry())})
 	if err != nil {
 		t.Fatal(err)
 	}
 	req := s.RequestSnapshot() // the first cycle's
-	ctx, cancel := context.WithCancel(e.ctx)
+	ctx, cancel := context.WithCancel(e.Ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	wctx, wcancel := context.WithTimeout(e.ctx, time.Minute)
+	wctx, wcancel := context.WithTimeout(e.Ctx, time.Minute)
 	defer wcancel()
 	data, err := req.Wait(wctx)
 	if err != nil {
@@ -72,9 +72,9 @@ func TestReplayEqualsController(t *testing.T) {
 	if strings.Contains(string(data), "busybox") == false {
 		t.Fatal("the dump lacks the pods' images: not the cluster's pods")
 	}
-	checkDecisionsCover(t, d.Decisions, e.ns)
+	checkDecisionsCover(t, d.Decisions, e.NS)
 
-	got, err := kube.Replay(e.ctx, d)
+	got, err := kube.Replay(e.Ctx, d)
 	if err != nil {
 		t.Fatal(err)
 	}

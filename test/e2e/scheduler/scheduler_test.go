@@ -113,9 +113,9 @@ func TestNVLink(t *testing.T) {
 
 func (e *env) attribute(node, attr string) map[string]string {
 	out := map[string]string{}
-	sl, err := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	sl, err := e.Client.ResourceV1().ResourceSlices().List(e.Ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	for _, s := range sl.Items {
 		for _, d := range s.Spec.Devices {
@@ -154,7 +154,7 @@ func TestGang(t *testing.T) {
 	e.createPod(podSpec{name: "big-0", group: "big", claim: &gpuClaim{count: 8}})
 	e.createPod(podSpec{name: "big-1", group: "big", claim: &gpuClaim{count: 8}})
 	e.eventually("PodGroup big pending with a reason", 30*time.Second, func() (bool, string) {
-		u, err := e.dyn.Resource(kube.PodGroupGVR).Namespace(e.ns).Get(e.ctx, "big", metav1.GetOptions{})
+		u, err := e.Dyn.Resource(kube.PodGroupGVR).Namespace(e.NS).Get(e.Ctx, "big", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -168,7 +168,7 @@ func TestGang(t *testing.T) {
 		}
 	}
 	for _, n := range names {
-		if err := e.client.CoreV1().Pods(e.ns).Delete(e.ctx, n, metav1.DeleteOptions{}); err != nil {
+		if err := e.Client.CoreV1().Pods(e.NS).Delete(e.Ctx, n, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -186,7 +186,7 @@ func TestGang(t *testing.T) {
 // newer is created over a second after the pods before it, so that victim
 // order (newest first) tells them apart.
 func (e *env) twoTeamsOnOneNode(newer ...int) []string {
-	e.t.Helper()
+	e.T.Helper()
 	e.addGPUNode("dgx-0", "h100-sxm-8")
 	e.createQueue("team-a", "", "4", "", 100)
 	e.createQueue("team-b", "", "4", "", 100)
@@ -232,7 +232,7 @@ func TestReclaimAndPreempt(t *testing.T) {
 			}
 		}
 		e.eventually("Queue status", 20*time.Second, func() (bool, string) {
-			u, err := e.dyn.Resource(kube.QueueGVR).Get(e.ctx, "team-b", metav1.GetOptions{})
+			u, err := e.Dyn.Resource(kube.QueueGVR).Get(e.Ctx, "team-b", metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
 			}
@@ -254,7 +254,7 @@ func TestReclaimAndPreempt(t *testing.T) {
 				t.Fatalf("b-%d evicted for a pod whose preemptionPolicy is Never", i)
 			}
 		}
-		if err := e.client.CoreV1().Pods(e.ns).Delete(e.ctx, "b-patient", metav1.DeleteOptions{}); err != nil {
+		if err := e.Client.CoreV1().Pods(e.NS).Delete(e.Ctx, "b-patient", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -293,7 +293,7 @@ func TestConsolidation(t *testing.T) {
 	e.startScheduler(core.Config{Placement: core.Spread})
 	tmpl := e.claimTemplate("small", gpuClaim{})
 	rs := &appsv1.ReplicaSet{
-		ObjectMeta: metav1.ObjectMeta{Name: "small", Namespace: e.ns},
+		ObjectMeta: metav1.ObjectMeta{Name: "small", Namespace: e.NS},
 		Spec: appsv1.ReplicaSetSpec{
 			Replicas: ptr.To[int32](4),
 			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "small"}},
@@ -308,7 +308,7 @@ func TestConsolidation(t *testing.T) {
 			},
 		},
 	}
-	if _, err := e.client.AppsV1().ReplicaSets(e.ns).Create(e.ctx, rs, metav1.CreateOptions{}); err != nil {
+	if _, err := e.Client.AppsV1().ReplicaSets(e.NS).Create(e.Ctx, rs, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.eventually("4 small pods spread over both nodes", 60*time.Second, func() (bool, string) {
@@ -331,9 +331,9 @@ func TestConsolidation(t *testing.T) {
 }
 
 func (e *env) nodesOfApp(app string) map[string]int {
-	pods, err := e.client.CoreV1().Pods(e.ns).List(e.ctx, metav1.ListOptions{LabelSelector: "app=" + app})
+	pods, err := e.Client.CoreV1().Pods(e.NS).List(e.Ctx, metav1.ListOptions{LabelSelector: "app=" + app})
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	out := map[string]int{}
 	for _, p := range pods.Items {
@@ -420,13 +420,13 @@ func TestConstraints(t *testing.T) {
 	// would admit it, and waits, saying why, when no node has room.
 	t.Run("extended resources", func(t *testing.T) {
 		const widget = v1.ResourceName("example.com/widget")
-		node, err := e.client.CoreV1().Nodes().Get(e.ctx, "dedicated", metav1.GetOptions{})
+		node, err := e.Client.CoreV1().Nodes().Get(e.Ctx, "dedicated", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		node.Status.Capacity[widget] = resource.MustParse("1")
 		node.Status.Allocatable[widget] = resource.MustParse("1")
-		if _, err := e.client.CoreV1().Nodes().UpdateStatus(e.ctx, node, metav1.UpdateOptions{}); err != nil {
+		if _, err := e.Client.CoreV1().Nodes().UpdateStatus(e.Ctx, node, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		for _, n := range []string{"widget-a", "widget-b"} {
@@ -512,12 +512,12 @@ func TestConstraints(t *testing.T) {
 	// gets a PreferNoSchedule taint first (the pods before the last two
 	// tolerate it), so that the scheduler has long seen it when it counts.
 	t.Run("preferences", func(t *testing.T) {
-		node, err := e.client.CoreV1().Nodes().Get(e.ctx, "plain", metav1.GetOptions{})
+		node, err := e.Client.CoreV1().Nodes().Get(e.Ctx, "plain", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		node.Spec.Taints = append(node.Spec.Taints, v1.Taint{Key: "busy", Effect: v1.TaintEffectPreferNoSchedule})
-		if _, err := e.client.CoreV1().Nodes().Update(e.ctx, node, metav1.UpdateOptions{}); err != nil {
+		if _, err := e.Client.CoreV1().Nodes().Update(e.Ctx, node, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		onNode := func(p podSpec) string {
@@ -574,7 +574,7 @@ func TestConstraints(t *testing.T) {
 // its own, and the last is pending with a reason containing want; it fails
 // at once if two of them share a node.
 func (e *env) waitApart(names []string, want string) {
-	e.t.Helper()
+	e.T.Helper()
 	e.eventually(fmt.Sprintf("%d pods on different nodes, one pending", len(names)-1), 60*time.Second, func() (bool, string) {
 		nodes := map[string]string{}
 		var waiting []string
@@ -585,7 +585,7 @@ func (e *env) waitApart(names []string, want string) {
 				continue
 			}
 			if other, ok := nodes[p.Spec.NodeName]; ok {
-				e.t.Fatalf("%s and %s both on %s", other, n, p.Spec.NodeName)
+				e.T.Fatalf("%s and %s both on %s", other, n, p.Spec.NodeName)
 			}
 			nodes[p.Spec.NodeName] = n
 		}
@@ -609,7 +609,7 @@ func TestSchedulingGates(t *testing.T) {
 	if n := e.pod("gated").Spec.NodeName; n != "" {
 		t.Fatalf("the gated pod was bound to %s", n)
 	}
-	claims, err := e.client.ResourceV1().ResourceClaims(e.ns).List(e.ctx, metav1.ListOptions{})
+	claims, err := e.Client.ResourceV1().ResourceClaims(e.NS).List(e.Ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -622,7 +622,7 @@ func TestSchedulingGates(t *testing.T) {
 	}
 	pod := e.pod("gated")
 	pod.Spec.SchedulingGates = nil
-	if _, err := e.client.CoreV1().Pods(e.ns).Update(e.ctx, pod, metav1.UpdateOptions{}); err != nil {
+	if _, err := e.Client.CoreV1().Pods(e.NS).Update(e.Ctx, pod, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.waitBound("gated")
@@ -638,7 +638,7 @@ func TestOtherDriverClaims(t *testing.T) {
 	e.addGPUNode("gpu-only", "l4-2")
 	e.addGPUNode("z-gpu-nic", "l4-2")
 	node := "z-gpu-nic"
-	if _, err := e.client.ResourceV1().ResourceSlices().Create(e.ctx, &resourceapi.ResourceSlice{
+	if _, err := e.Client.ResourceV1().ResourceSlices().Create(e.Ctx, &resourceapi.ResourceSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: "z-gpu-nic-nics"},
 		Spec: resourceapi.ResourceSliceSpec{
 			Driver: "nic.example.com", NodeName: &node,
@@ -648,7 +648,7 @@ func TestOtherDriverClaims(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.client.ResourceV1().DeviceClasses().Create(e.ctx, &resourceapi.DeviceClass{
+	if _, err := e.Client.ResourceV1().DeviceClasses().Create(e.Ctx, &resourceapi.DeviceClass{
 		ObjectMeta: metav1.ObjectMeta{Name: "nic.example.com"},
 		Spec:       resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "nic.example.com"`}}}},
 	}, metav1.CreateOptions{}); err != nil {
@@ -663,7 +663,7 @@ func TestOtherDriverClaims(t *testing.T) {
 	}
 	var got []string
 	for _, s := range p.Status.ResourceClaimStatuses {
-		c, err := e.client.ResourceV1().ResourceClaims(e.ns).Get(e.ctx, *s.ResourceClaimName, metav1.GetOptions{})
+		c, err := e.Client.ResourceV1().ResourceClaims(e.NS).Get(e.Ctx, *s.ResourceClaimName, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -683,25 +683,25 @@ func TestOtherDriverClaims(t *testing.T) {
 // protect labels pods as protected, and a PodDisruptionBudget keeps all of
 // them available; it returns once the budget's status allows no disruption.
 func (e *env) protect(pods ...string) {
-	e.t.Helper()
+	e.T.Helper()
 	patch := []byte(`{"metadata":{"labels":{"protected":"yes"}}}`)
 	for _, n := range pods {
-		if _, err := e.client.CoreV1().Pods(e.ns).Patch(e.ctx, n, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-			e.t.Fatal(err)
+		if _, err := e.Client.CoreV1().Pods(e.NS).Patch(e.Ctx, n, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			e.T.Fatal(err)
 		}
 	}
 	all := intstr.FromInt32(int32(len(pods)))
-	if _, err := e.client.PolicyV1().PodDisruptionBudgets(e.ns).Create(e.ctx, &policyv1.PodDisruptionBudget{
+	if _, err := e.Client.PolicyV1().PodDisruptionBudgets(e.NS).Create(e.Ctx, &policyv1.PodDisruptionBudget{
 		ObjectMeta: metav1.ObjectMeta{Name: "protect"},
 		Spec: policyv1.PodDisruptionBudgetSpec{
 			MinAvailable: &all,
 			Selector:     &metav1.LabelSelector{MatchLabels: map[string]string{"protected": "yes"}},
 		},
 	}, metav1.CreateOptions{}); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	e.eventually("PDB status observed", 30*time.Second, func() (bool, string) {
-		p, err := e.client.PolicyV1().PodDisruptionBudgets(e.ns).Get(e.ctx, "protect", metav1.GetOptions{})
+		p, err := e.Client.PolicyV1().PodDisruptionBudgets(e.NS).Get(e.Ctx, "protect", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -711,9 +711,9 @@ func (e *env) protect(pods ...string) {
 
 // waitEvents waits for at least n events of reason in the namespace.
 func (e *env) waitEvents(reason string, n int) {
-	e.t.Helper()
+	e.T.Helper()
 	e.eventually(fmt.Sprintf("%d %s event(s)", n, reason), 30*time.Second, func() (bool, string) {
-		ev, err := e.client.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{FieldSelector: "reason=" + reason})
+		ev, err := e.Client.CoreV1().Events(e.NS).List(e.Ctx, metav1.ListOptions{FieldSelector: "reason=" + reason})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -803,7 +803,7 @@ func TestClaimAllocatedPodUnbound(t *testing.T) {
 	allocate := func(claim *resourceapi.ResourceClaim, dev string, pod *v1.Pod) {
 		t.Helper()
 		claim.Finalizers = append(claim.Finalizers, "resource.kubernetes.io/delete-protection")
-		claim, err := e.client.ResourceV1().ResourceClaims(e.ns).Update(e.ctx, claim, metav1.UpdateOptions{})
+		claim, err := e.Client.ResourceV1().ResourceClaims(e.NS).Update(e.Ctx, claim, metav1.UpdateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -817,7 +817,7 @@ func TestClaimAllocatedPodUnbound(t *testing.T) {
 		if pod != nil {
 			claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
 		}
-		if _, err := e.client.ResourceV1().ResourceClaims(e.ns).UpdateStatus(e.ctx, claim, metav1.UpdateOptions{}); err != nil {
+		if _, err := e.Client.ResourceV1().ResourceClaims(e.NS).UpdateStatus(e.Ctx, claim, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -826,8 +826,8 @@ func TestClaimAllocatedPodUnbound(t *testing.T) {
 	allocate(claim, "gpu-7", orphan)
 	// A claim of its own (not from a template), allocated but reserved for
 	// nobody: nothing deallocates it, so it holds its GPU.
-	lone := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "lone", Namespace: e.ns}, Spec: claim.Spec}
-	lone, err := e.client.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, lone, metav1.CreateOptions{})
+	lone := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "lone", Namespace: e.NS}, Spec: claim.Spec}
+	lone, err := e.Client.ResourceV1().ResourceClaims(e.NS).Create(e.Ctx, lone, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,12 +55,12 @@ func TestShadowMode(t *testing.T) {
 	require.NoError(t, os.WriteFile(policy, []byte(auditPolicy), 0o600))
 	e := newEnvWith(t, controlplane.Options{Scheduler: true, APIServerArgs: []string{
 		"--audit-policy-file=" + policy, "--audit-log-path=" + auditLog, "--audit-log-mode=blocking"}})
-	e.cp.CreateNamespace(t, rbac.Namespace)
-	require.NoError(t, framework.ApplyShadowRBAC(e.ctx, e.client))
+	e.CP.CreateNamespace(t, rbac.Namespace)
+	require.NoError(t, framework.ApplyShadowRBAC(e.Ctx, e.Client))
 	e.shadowWorkload()
 
-	c := framework.StartController(t, e.cp, framework.ControllerOptions{Name: "tessera-shadow", User: framework.ShadowUser,
-		Args: []string{"--shadow", "--shadow-namespaces=" + e.ns}})
+	c := framework.StartController(t, e.CP, framework.ControllerOptions{Name: "tessera-shadow", User: framework.ShadowUser,
+		Args: []string{"--shadow", "--shadow-namespaces=" + e.NS}})
 	c.WaitLeader(t, 60*time.Second)
 	var rep kube.ShadowReport
 	e.eventually("a shadow report of 6 pods", 60*time.Second, func() (bool, string) {
@@ -91,7 +91,7 @@ func TestShadowMode(t *testing.T) {
 // Allocate); in queue team-b (limit 1 GPU) t1 and t2 (1 GPU each: n2 again)
 // — and cannot place wide (2 GPUs: one free on each of n1 and n2).
 func (e *env) shadowWorkload() {
-	t := e.t
+	t := e.T
 	e.createQueue("team-b", "", "1", "1", 100)
 	e.addGPUNode("n1", "a100-pcie-4")
 	e.addGPUNode("n2", "a100-pcie-4")
@@ -112,7 +112,7 @@ func (e *env) shadowWorkload() {
 	}
 	p := e.pod("dp")
 	uuids, _ := e.sliceGPUs("n3")
-	_, err := d.AllocatePod(e.ctx, driver.PodRequest{UID: string(p.UID), Namespace: p.Namespace, Name: p.Name,
+	_, err := d.AllocatePod(e.Ctx, driver.PodRequest{UID: string(p.UID), Namespace: p.Namespace, Name: p.Name,
 		Resource: assignment.DefaultResourceGPU, DeviceIDs: []string{uuids[0], uuids[1]}, GPUs: []string{uuids[0], uuids[1]}})
 	require.NoError(t, err)
 	e.waitDPTaint("n3", "gpu-1", "whole")
@@ -143,7 +143,7 @@ func readShadow(addr string) (*kube.ShadowReport, error) {
 // asks 8 GPUs of 10 and gets them; team-b is capped at 1. A takeover now
 // reclaims one of team-b's two GPUs on n2 for wide.
 func (e *env) checkShadowReport(rep *kube.ShadowReport) {
-	t, ns := e.t, e.ns
+	t, ns := e.T, e.NS
 	q := func(n string) string { return ns + "/" + n }
 	assert.Equal(t, 5, rep.Running)
 	assert.Equal(t, 1, rep.Pending)
@@ -174,7 +174,7 @@ func (e *env) checkShadowReport(rep *kube.ShadowReport) {
 
 // checkShadowOutputs: the metrics and kubectl tessera shadow say the same.
 func (e *env) checkShadowOutputs(c *framework.Controller, rep *kube.ShadowReport) {
-	t := e.t
+	t := e.T
 	for name, want := range map[string]float64{"tessera_shadow_pods": float64(6 + 5 + 1 + 5 + 3 + 1 + 1 + 1),
 		"tessera_shadow_takeover_evictions": 1} {
 		got, err := c.Metric(name)
@@ -182,15 +182,15 @@ func (e *env) checkShadowOutputs(c *framework.Controller, rep *kube.ShadowReport
 		assert.Equal(t, want, got, name)
 	}
 	var table, js bytes.Buffer
-	cl := ctl.Clients{Kube: e.client, Dynamic: e.dyn, Shadow: ctl.ShadowOptions{URL: "http://" + c.MetricsAddr + "/shadow"}}
-	require.NoError(t, ctl.Run(e.ctx, cl, []string{"shadow"}, &table))
+	cl := ctl.Clients{Kube: e.Client, Dynamic: e.Dyn, Shadow: ctl.ShadowOptions{URL: "http://" + c.MetricsAddr + "/shadow"}}
+	require.NoError(t, ctl.Run(e.Ctx, cl, []string{"shadow"}, &table))
 	t.Logf("kubectl tessera shadow:\n%s", table.String())
 	for _, want := range []string{"6 pods of other schedulers (5 running, 1 pending)", "Tessera would place 5; 3 on the node they run on, 1 elsewhere",
-		e.ns + "/t1", "pending: ", "evict (reclaim)", "bind (reclaim)"} {
+		e.NS + "/t1", "pending: ", "evict (reclaim)", "bind (reclaim)"} {
 		assert.Contains(t, table.String(), want)
 	}
 	cl.Shadow.Output = "json"
-	require.NoError(t, ctl.Run(e.ctx, cl, []string{"shadow"}, &js))
+	require.NoError(t, ctl.Run(e.Ctx, cl, []string{"shadow"}, &js))
 	var back kube.ShadowReport
 	require.NoError(t, json.Unmarshal(js.Bytes(), &back))
 	assert.Equal(t, rep.Pods, back.Pods)
@@ -257,8 +257,8 @@ func checkAuditedWrites(t *testing.T, path string) {
 // status, a Queue's or PodGroup's status, create a PodGroup, an event or
 // the usage ConfigMap, or touch the scheduling controller's Lease.
 func (e *env) checkShadowForbidden() {
-	t, ctx, ns := e.t, e.ctx, e.ns
-	cfg := e.cp.UserConfig(framework.ShadowUser[0], framework.ShadowUser[1:]...)
+	t, ctx, ns := e.T, e.Ctx, e.NS
+	cfg := e.CP.UserConfig(framework.ShadowUser[0], framework.ShadowUser[1:]...)
 	cfg.UserAgent = "shadow-e2e-probe"
 	sa, err := kubernetes.NewForConfig(cfg)
 	require.NoError(t, err)
@@ -275,7 +275,7 @@ func (e *env) checkShadowForbidden() {
 	checks["delete a pod"] = sa.CoreV1().Pods(ns).Delete(ctx, "t1", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
 	_, checks["claim status"] = sa.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, claim, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
 	_, checks["claim"] = sa.ResourceV1().ResourceClaims(ns).Update(ctx, claim, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
-	q, err := e.dyn.Resource(kube.QueueGVR).Get(ctx, "team-b", metav1.GetOptions{})
+	q, err := e.Dyn.Resource(kube.QueueGVR).Get(ctx, "team-b", metav1.GetOptions{})
 	require.NoError(t, err)
 	_, checks["queue status"] = dyn.Resource(kube.QueueGVR).UpdateStatus(ctx, q, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
 	pg := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "PodGroup",

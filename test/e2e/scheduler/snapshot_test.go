@@ -40,8 +40,8 @@ import (
 // `tessera-sim replay` on it agrees with what the controller decided.
 func TestSnapshotEndpoint(t *testing.T) {
 	e := newEnv(t)
-	e.cp.CreateNamespace(t, rbac.Namespace)
-	if err := framework.ApplyControllerRBAC(e.ctx, e.client); err != nil {
+	e.CP.CreateNamespace(t, rbac.Namespace)
+	if err := framework.ApplyControllerRBAC(e.Ctx, e.Client); err != nil {
 		t.Fatal(err)
 	}
 	e.addGPUNode("snap-0", "h100-sxm-8")
@@ -76,7 +76,7 @@ func TestSnapshotEndpoint(t *testing.T) {
 		}
 	}
 	// The plugin, as that user: a clear error naming the role.
-	err := ctl.Run(e.ctx, e.userClients(nobody), []string{"snapshot", "--address", c.DebugAddr(), "--insecure-skip-tls-verify"}, io.Discard)
+	err := ctl.Run(e.Ctx, e.userClients(nobody), []string{"snapshot", "--address", c.DebugAddr(), "--insecure-skip-tls-verify"}, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "bind the ClusterRole "+app.SnapshotReaderRole) {
 		t.Errorf("kubectl tessera snapshot without the role: want an error naming %s, got %v", app.SnapshotReaderRole, err)
 	}
@@ -85,20 +85,20 @@ func TestSnapshotEndpoint(t *testing.T) {
 	// user without the port-forward Role is told to bind it; with it, this
 	// controller (no leader election) has no Lease to find.
 	noAddr := []string{"snapshot", "--controller-namespace", rbac.Namespace}
-	err = ctl.Run(e.ctx, e.userClients(reader), noAddr, io.Discard)
+	err = ctl.Run(e.Ctx, e.userClients(reader), noAddr, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "bind the Role tessera-snapshot-portforward in "+rbac.Namespace) {
 		t.Errorf("kubectl tessera snapshot without the port-forward Role: want an error naming it, got %v", err)
 	}
 	e.bindRole(rbac.Namespace, "tessera-snapshot-portforward", "snapshot-reader")
 	e.eventually("a not-found error naming the Lease", 30*time.Second, func() (bool, string) {
-		err := ctl.Run(e.ctx, e.userClients(reader), noAddr, io.Discard)
+		err := ctl.Run(e.Ctx, e.userClients(reader), noAddr, io.Discard)
 		return err != nil && strings.Contains(err.Error(), "tessera-controller not found: no Lease "+rbac.Namespace+"/"), fmt.Sprint(err)
 	})
 
 	// The plugin, as a reader.
 	file := filepath.Join(t.TempDir(), "cluster.yaml")
 	var out bytes.Buffer
-	if err := ctl.Run(e.ctx, e.userClients(reader), []string{"snapshot", "-o", file, "--address", c.DebugAddr(), "--insecure-skip-tls-verify"}, &out); err != nil {
+	if err := ctl.Run(e.Ctx, e.userClients(reader), []string{"snapshot", "-o", file, "--address", c.DebugAddr(), "--insecure-skip-tls-verify"}, &out); err != nil {
 		t.Fatalf("kubectl tessera snapshot: %v", err)
 	}
 	t.Logf("kubectl tessera snapshot: %s", strings.TrimSpace(out.String()))
@@ -106,7 +106,7 @@ func TestSnapshotEndpoint(t *testing.T) {
 	if d.Decisions == nil || len(d.Objects.Pods) < 5 {
 		t.Fatalf("the snapshot lacks the cluster's pods or the cycle's decisions: %d pods, decisions %+v", len(d.Objects.Pods), d.Decisions)
 	}
-	if !hasPending(d.Decisions, e.ns+"/picky") {
+	if !hasPending(d.Decisions, e.NS+"/picky") {
 		t.Fatalf("picky should wait for its CEL selector in the snapshot's cycle: %+v", d.Decisions)
 	}
 	sim := controlplane.GoBinary(t, "./cmd/tessera-sim")
@@ -124,12 +124,12 @@ func TestSnapshotEndpoint(t *testing.T) {
 // ServiceAccount (deploy/rbac's grants), with the debug server on loopback.
 func startDebugController(t *testing.T, e *env) *app.Controller {
 	t.Helper()
-	c, err := app.New(app.Config{RestConfig: framework.ControllerConfig(e.cp), Interval: 200 * time.Millisecond,
+	c, err := app.New(app.Config{RestConfig: framework.ControllerConfig(e.CP), Interval: 200 * time.Millisecond,
 		Core: core.Config{DisableConsolidation: true}, DebugAddr: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(e.ctx)
+	ctx, cancel := context.WithCancel(e.Ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = c.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
@@ -143,14 +143,14 @@ func startDebugController(t *testing.T, e *env) *app.Controller {
 // serviceAccountToken creates a ServiceAccount in the test's namespace and
 // returns a token of it (TokenRequest), as a user's kubeconfig holds one.
 func (e *env) serviceAccountToken(name string) string {
-	e.t.Helper()
+	e.T.Helper()
 	sa := &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if _, err := e.client.CoreV1().ServiceAccounts(e.ns).Create(e.ctx, sa, metav1.CreateOptions{}); err != nil {
-		e.t.Fatal(err)
+	if _, err := e.Client.CoreV1().ServiceAccounts(e.NS).Create(e.Ctx, sa, metav1.CreateOptions{}); err != nil {
+		e.T.Fatal(err)
 	}
-	tr, err := e.client.CoreV1().ServiceAccounts(e.ns).CreateToken(e.ctx, name, &authnv1.TokenRequest{}, metav1.CreateOptions{})
+	tr, err := e.Client.CoreV1().ServiceAccounts(e.NS).CreateToken(e.Ctx, name, &authnv1.TokenRequest{}, metav1.CreateOptions{})
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return tr.Status.Token
 }
@@ -158,40 +158,40 @@ func (e *env) serviceAccountToken(name string) string {
 // bindClusterRole binds a ClusterRole to a ServiceAccount of the test's
 // namespace.
 func (e *env) bindClusterRole(role, sa string) {
-	e.t.Helper()
-	b := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-" + sa},
+	e.T.Helper()
+	b := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: e.NS + "-" + sa},
 		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
-		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: e.ns}}}
-	if _, err := e.client.RbacV1().ClusterRoleBindings().Create(e.ctx, b, metav1.CreateOptions{}); err != nil {
-		e.t.Fatal(err)
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: e.NS}}}
+	if _, err := e.Client.RbacV1().ClusterRoleBindings().Create(e.Ctx, b, metav1.CreateOptions{}); err != nil {
+		e.T.Fatal(err)
 	}
 }
 
 // bindRole binds a Role of namespace ns to a ServiceAccount of the test's
 // namespace.
 func (e *env) bindRole(ns, role, sa string) {
-	e.t.Helper()
-	b := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-" + sa, Namespace: ns},
+	e.T.Helper()
+	b := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: e.NS + "-" + sa, Namespace: ns},
 		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role},
-		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: e.ns}}}
-	if _, err := e.client.RbacV1().RoleBindings(ns).Create(e.ctx, b, metav1.CreateOptions{}); err != nil {
-		e.t.Fatal(err)
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: e.NS}}}
+	if _, err := e.Client.RbacV1().RoleBindings(ns).Create(e.Ctx, b, metav1.CreateOptions{}); err != nil {
+		e.T.Fatal(err)
 	}
 }
 
 // userClients are the plugin's clients for a user holding token.
 func (e *env) userClients(token string) ctl.Clients {
-	cfg := rest.AnonymousClientConfig(e.cp.AdminConfig)
+	cfg := rest.AnonymousClientConfig(e.CP.AdminConfig)
 	cfg.BearerToken = token
 	kc, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	dc, err := dynamic.NewForConfig(cfg)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
-	return ctl.Clients{Kube: kc, Dynamic: dc, Namespace: e.ns, RestConfig: cfg}
+	return ctl.Clients{Kube: kc, Dynamic: dc, Namespace: e.NS, RestConfig: cfg}
 }
 
 // getSnapshot GETs the endpoint with a bearer token ("" for none).

@@ -60,14 +60,14 @@ func TestSubGroups(t *testing.T) {
 	e.createPod(podSpec{name: "other-0", group: "other", claim: &gpuClaim{count: 1},
 		annotations: map[string]string{kube.AnnotationPodSubGroup: "b"}})
 
-	want := fmt.Sprintf("gang %s/lws needs 4 pods (subgroups leader 1, workers 3); only 3 fit (pod %s/lws-leader (subgroup leader): ", e.ns, e.ns)
+	want := fmt.Sprintf("gang %s/lws needs 4 pods (subgroups leader 1, workers 3); only 3 fit (pod %s/lws-leader (subgroup leader): ", e.NS, e.NS)
 	e.eventually("the gang pending with its subgroup's reason", 30*time.Second, func() (bool, string) {
 		got := pendingReason(e.pod("lws-worker-0"))
 		return contains(got, want), got
 	})
 	e.eventually("the pod of an unknown subgroup pending with the reason", 30*time.Second, func() (bool, string) {
 		got := pendingReason(e.pod("other-0"))
-		return contains(got, `names subgroup "b", which gang `+e.ns+`/other does not have (its subgroups: a)`), got
+		return contains(got, `names subgroup "b", which gang `+e.NS+`/other does not have (its subgroups: a)`), got
 	})
 	// Several cycles have run: still no member bound.
 	time.Sleep(2 * time.Second)
@@ -80,7 +80,7 @@ func TestSubGroups(t *testing.T) {
 		t.Fatalf("claim of lws-worker-0 allocated although its gang does not fit")
 	}
 
-	if err := e.client.CoreV1().Pods(e.ns).Delete(e.ctx, "filler", metav1.DeleteOptions{}); err != nil {
+	if err := e.Client.CoreV1().Pods(e.NS).Delete(e.Ctx, "filler", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.waitBound(names...)
@@ -90,7 +90,7 @@ func TestSubGroups(t *testing.T) {
 	// leader is gone its three workers still meet the group's minMember
 	// (1), but not the leader subgroup's, so the gang is not Running.
 	e.waitGroupPhase("lws", "Running")
-	if err := e.client.CoreV1().Pods(e.ns).Delete(e.ctx, "lws-leader", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+	if err := e.Client.CoreV1().Pods(e.NS).Delete(e.Ctx, "lws-leader", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
 		t.Fatal(err)
 	}
 	e.waitGroupPhase("lws", "Pending")
@@ -98,9 +98,9 @@ func TestSubGroups(t *testing.T) {
 
 // waitGroupPhase waits until Tessera's PodGroup name reports phase.
 func (e *env) waitGroupPhase(name, phase string) {
-	e.t.Helper()
+	e.T.Helper()
 	e.eventually("PodGroup "+name+" phase "+phase, 30*time.Second, func() (bool, string) {
-		pg, err := e.dyn.Resource(kube.PodGroupGVR).Namespace(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+		pg, err := e.Dyn.Resource(kube.PodGroupGVR).Namespace(e.NS).Get(e.Ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -116,12 +116,12 @@ func sub(name string, minMember int64) any {
 // createSubGroupPodGroup creates a PodGroup with subGroups (minMember left
 // to its default) and returns the API server's answer.
 func (e *env) createSubGroupPodGroup(name string, subs []any) error {
-	e.t.Helper()
+	e.T.Helper()
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "PodGroup",
-		"metadata": map[string]any{"name": name, "namespace": e.ns},
+		"metadata": map[string]any{"name": name, "namespace": e.NS},
 		"spec":     map[string]any{"subGroups": subs},
 	}}
-	_, err := e.dyn.Resource(kube.PodGroupGVR).Namespace(e.ns).Create(e.ctx, u, metav1.CreateOptions{})
+	_, err := e.Dyn.Resource(kube.PodGroupGVR).Namespace(e.NS).Create(e.Ctx, u, metav1.CreateOptions{})
 	return err
 }

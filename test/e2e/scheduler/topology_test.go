@@ -31,13 +31,13 @@ const (
 // the pair), and the Topology dc: block, rack, hostname. It returns the
 // nodes by domain "b1/r1".
 func (e *env) addRackNodes() map[string][]string {
-	e.t.Helper()
+	e.T.Helper()
 	racks := map[string][]string{}
 	for _, b := range []string{"b1", "b2"} {
 		for _, r := range []string{"r1", "r2"} {
 			for i := 0; i < 2; i++ {
 				name := fmt.Sprintf("%s-%s-%d", b, r, i)
-				e.cp.AddKwokNodeWith(e.t, &v1.Node{
+				e.CP.AddKwokNodeWith(e.T, &v1.Node{
 					ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{labelBlock: b, labelRack: r}},
 					Status: v1.NodeStatus{Capacity: v1.ResourceList{
 						v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi"), v1.ResourcePods: resource.MustParse("110"),
@@ -49,7 +49,7 @@ func (e *env) addRackNodes() map[string][]string {
 		}
 	}
 	if err := e.createTopology("dc", labelBlock, labelRack, "kubernetes.io/hostname"); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return racks
 }
@@ -65,7 +65,7 @@ func (e *env) createTopology(name string, levels ...string) error {
 		"metadata": map[string]any{"name": name},
 		"spec":     map[string]any{"levels": ls},
 	}}
-	_, err := e.dyn.Resource(kube.TopologyGVR).Create(e.ctx, u, metav1.CreateOptions{})
+	_, err := e.Dyn.Resource(kube.TopologyGVR).Create(e.Ctx, u, metav1.CreateOptions{})
 	return err
 }
 
@@ -78,21 +78,21 @@ func (e *env) createTopoGroup(name, queue string, minMember int64, topology map[
 	}
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "PodGroup",
-		"metadata": map[string]any{"name": name, "namespace": e.ns},
+		"metadata": map[string]any{"name": name, "namespace": e.NS},
 		"spec":     spec,
 	}}
-	_, err := e.dyn.Resource(kube.PodGroupGVR).Namespace(e.ns).Create(e.ctx, u, metav1.CreateOptions{})
+	_, err := e.Dyn.Resource(kube.PodGroupGVR).Namespace(e.NS).Create(e.Ctx, u, metav1.CreateOptions{})
 	return err
 }
 
 // domainsOf maps each named pod's node to its "block/rack".
 func (e *env) domainsOf(names ...string) map[string]bool {
-	e.t.Helper()
+	e.T.Helper()
 	out := map[string]bool{}
 	for _, n := range names {
-		node, err := e.client.CoreV1().Nodes().Get(e.ctx, e.pod(n).Spec.NodeName, metav1.GetOptions{})
+		node, err := e.Client.CoreV1().Nodes().Get(e.Ctx, e.pod(n).Spec.NodeName, metav1.GetOptions{})
 		if err != nil {
-			e.t.Fatal(err)
+			e.T.Fatal(err)
 		}
 		out[node.Labels[labelBlock]+"/"+node.Labels[labelRack]] = true
 	}
@@ -101,10 +101,10 @@ func (e *env) domainsOf(names ...string) map[string]bool {
 
 // why is kubectl tessera why pod.
 func (e *env) why(pod string) string {
-	e.t.Helper()
+	e.T.Helper()
 	var out bytes.Buffer
-	if err := ctl.Run(e.ctx, ctl.Clients{Kube: e.client, Dynamic: e.dyn, Namespace: e.ns}, []string{"why", pod}, &out); err != nil {
-		e.t.Fatalf("kubectl tessera why %s: %v", pod, err)
+	if err := ctl.Run(e.Ctx, ctl.Clients{Kube: e.Client, Dynamic: e.Dyn, Namespace: e.NS}, []string{"why", pod}, &out); err != nil {
+		e.T.Fatalf("kubectl tessera why %s: %v", pod, err)
 	}
 	return out.String()
 }
@@ -248,12 +248,12 @@ func TestTopologyReclaim(t *testing.T) {
 	// Exactly the 4 pods of the gang's rack were evicted.
 	var evicted []string
 	for _, n := range append(old, newest...) {
-		p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, n, metav1.GetOptions{})
+		p, err := e.Client.CoreV1().Pods(e.NS).Get(e.Ctx, n, metav1.GetOptions{})
 		if gone := err != nil || p.DeletionTimestamp != nil || p.Status.Phase == v1.PodFailed; !gone {
 			continue
 		}
 		evicted = append(evicted, n)
-		node, err := e.client.CoreV1().Nodes().Get(e.ctx, where[n], metav1.GetOptions{})
+		node, err := e.Client.CoreV1().Nodes().Get(e.Ctx, where[n], metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -274,7 +274,7 @@ func TestCliqueTopology(t *testing.T) {
 	e := newEnv(t)
 	nodes := map[string]string{"tray-a0": "1", "tray-a1": "1", "tray-b0": "2", "tray-b1": "2"}
 	for name, clique := range nodes {
-		e.cp.AddKwokNodeWith(t, &v1.Node{
+		e.CP.AddKwokNodeWith(t, &v1.Node{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
 			Status: v1.NodeStatus{Capacity: v1.ResourceList{
 				v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi"), v1.ResourcePods: resource.MustParse("110"),
@@ -285,7 +285,7 @@ func TestCliqueTopology(t *testing.T) {
 	for name, clique := range nodes {
 		want := gpu.FakeClusterUUID.String() + "." + clique
 		e.eventually(name+" labelled with its clique", 30*time.Second, func() (bool, string) {
-			n, err := e.client.CoreV1().Nodes().Get(e.ctx, name, metav1.GetOptions{})
+			n, err := e.Client.CoreV1().Nodes().Get(e.Ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
 			}
@@ -330,7 +330,7 @@ func TestTopologyZonesSubGroup(t *testing.T) {
 		for _, r := range []string{"r1", "r2"} {
 			for i := 0; i < 2; i++ {
 				name := fmt.Sprintf("%s-b1-%s-%d", z, r, i)
-				e.cp.AddKwokNodeWith(t, &v1.Node{
+				e.CP.AddKwokNodeWith(t, &v1.Node{
 					ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{labelZone: z, labelBlock: "b1", labelRack: r}},
 					Status: v1.NodeStatus{Capacity: v1.ResourceList{
 						v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi"), v1.ResourcePods: resource.MustParse("110"),
@@ -354,7 +354,7 @@ func TestTopologyZonesSubGroup(t *testing.T) {
 
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "PodGroup",
-		"metadata": map[string]any{"name": "train", "namespace": e.ns},
+		"metadata": map[string]any{"name": "train", "namespace": e.NS},
 		"spec": map[string]any{
 			"minMember": int64(6),
 			"topology":  map[string]any{"name": "dc4", "required": labelZone},
@@ -364,7 +364,7 @@ func TestTopologyZonesSubGroup(t *testing.T) {
 			},
 		},
 	}}
-	if _, err := e.dyn.Resource(kube.PodGroupGVR).Namespace(e.ns).Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
+	if _, err := e.Dyn.Resource(kube.PodGroupGVR).Namespace(e.NS).Create(e.Ctx, u, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	workers, ps := podNames("worker", 4), podNames("ps", 2)
@@ -417,13 +417,13 @@ func TestUpstreamTopology(t *testing.T) {
 	}
 	e.waitBound(fillers...)
 	pg := &schedulingv1beta1.PodGroup{
-		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: e.ns},
+		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: e.NS},
 		Spec: schedulingv1beta1.PodGroupSpec{
 			SchedulingPolicy:      schedulingv1beta1.PodGroupSchedulingPolicy{Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: 4}},
 			SchedulingConstraints: &schedulingv1beta1.PodGroupSchedulingConstraints{Topology: []schedulingv1beta1.TopologyConstraint{{Key: labelRack}}},
 		},
 	}
-	got, err := e.client.SchedulingV1beta1().PodGroups(e.ns).Create(e.ctx, pg, metav1.CreateOptions{})
+	got, err := e.Client.SchedulingV1beta1().PodGroups(e.NS).Create(e.Ctx, pg, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

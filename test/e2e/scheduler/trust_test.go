@@ -20,9 +20,9 @@ import (
 // metric sums the samples of a metric family of the running scheduler
 // (counters), 0 when absent.
 func (e *env) metric(name string) float64 {
-	e.t.Helper()
+	e.T.Helper()
 	mfs, err := e.reg.Gather()
-	require.NoError(e.t, err)
+	require.NoError(e.T, err)
 	sum := 0.0
 	for _, mf := range mfs {
 		if mf.GetName() == name {
@@ -36,10 +36,10 @@ func (e *env) metric(name string) float64 {
 
 // warningEvent waits for a Warning event of reason on a pod.
 func (e *env) warningEvent(pod, reason string) string {
-	e.t.Helper()
+	e.T.Helper()
 	var msg string
 	e.eventually(fmt.Sprintf("event %s on %s", reason, pod), 30*time.Second, func() (bool, string) {
-		evs, err := e.client.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod})
+		evs, err := e.Client.CoreV1().Events(e.NS).List(e.Ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -60,20 +60,20 @@ func (e *env) warningEvent(pod, reason string) string {
 // no scheduler) with the given assignment annotation: what anyone who may
 // create pods could write without the chart's admission policy.
 func (e *env) boundCPUPod(name, node, value string) {
-	e.t.Helper()
-	_, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns, Annotations: map[string]string{assignment.Annotation: value}},
+	e.T.Helper()
+	_, err := e.Client.CoreV1().Pods(e.NS).Create(e.Ctx, &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.NS, Annotations: map[string]string{assignment.Annotation: value}},
 		Spec: v1.PodSpec{NodeName: node, Containers: []v1.Container{{Name: "main", Image: "busybox"}},
 			Tolerations: []v1.Toleration{{Key: "kwok.x-k8s.io/node", Operator: v1.TolerationOpExists}}},
 	}, metav1.CreateOptions{})
-	require.NoError(e.t, err)
+	require.NoError(e.T, err)
 }
 
 func (e *env) deletePod(name string) {
-	e.t.Helper()
-	require.NoError(e.t, e.client.CoreV1().Pods(e.ns).Delete(e.ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
+	e.T.Helper()
+	require.NoError(e.T, e.Client.CoreV1().Pods(e.NS).Delete(e.Ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
 	e.eventually(name+" gone", 30*time.Second, func() (bool, string) {
-		_, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+		_, err := e.Client.CoreV1().Pods(e.NS).Get(e.Ctx, name, metav1.GetOptions{})
 		return err != nil, "still there"
 	})
 }
@@ -128,7 +128,7 @@ func TestDevicePluginTrust(t *testing.T) {
 			req.GPUs = append(req.GPUs, uuids[i])
 			req.DeviceIDs = append(req.DeviceIDs, uuids[i])
 		}
-		_, err := d.AllocatePod(e.ctx, req)
+		_, err := d.AllocatePod(e.Ctx, req)
 		require.NoError(t, err)
 		for _, i := range others {
 			e.waitDPTaint(node, fmt.Sprintf("gpu-%d", i), "whole")

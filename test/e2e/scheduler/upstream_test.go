@@ -20,9 +20,9 @@ import (
 // minCount (0: the basic policy), disruption "single", "all" or "" (the
 // API's default, single).
 func (e *env) upstreamGroup(name string, minCount int32, disruption string) {
-	e.t.Helper()
+	e.T.Helper()
 	pg := &schedulingv1beta1.PodGroup{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.NS},
 		Spec:       schedulingv1beta1.PodGroupSpec{PriorityClassName: "tessera-train"},
 	}
 	if minCount > 0 {
@@ -36,15 +36,15 @@ func (e *env) upstreamGroup(name string, minCount int32, disruption string) {
 	case "all":
 		pg.Spec.DisruptionMode = &schedulingv1beta1.DisruptionMode{All: &schedulingv1beta1.AllDisruptionMode{}}
 	}
-	if _, err := e.client.SchedulingV1beta1().PodGroups(e.ns).Create(e.ctx, pg, metav1.CreateOptions{}); err != nil {
-		e.t.Fatalf("creating PodGroup %s: %v", name, err)
+	if _, err := e.Client.SchedulingV1beta1().PodGroups(e.NS).Create(e.Ctx, pg, metav1.CreateOptions{}); err != nil {
+		e.T.Fatalf("creating PodGroup %s: %v", name, err)
 	}
 }
 
 // upstreamCondition returns the status of a condition of an upstream
 // PodGroup, "" when it has none.
 func (e *env) upstreamCondition(name, condition string) (metav1.ConditionStatus, string) {
-	pg, err := e.client.SchedulingV1beta1().PodGroups(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+	pg, err := e.Client.SchedulingV1beta1().PodGroups(e.NS).Get(e.Ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return "", err.Error()
 	}
@@ -56,7 +56,7 @@ func (e *env) upstreamCondition(name, condition string) (metav1.ConditionStatus,
 }
 
 func (e *env) waitUpstreamCondition(name, condition string, want metav1.ConditionStatus) {
-	e.t.Helper()
+	e.T.Helper()
 	e.eventually(fmt.Sprintf("PodGroup %s %s=%s", name, condition, want), 30*time.Second, func() (bool, string) {
 		got, msg := e.upstreamCondition(name, condition)
 		return got == want, string(got) + " " + msg
@@ -74,10 +74,10 @@ func (e *env) live(names ...string) int {
 }
 
 func (e *env) deletePods(names ...string) {
-	e.t.Helper()
+	e.T.Helper()
 	for _, n := range names {
-		if err := e.client.CoreV1().Pods(e.ns).Delete(e.ctx, n, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
-			e.t.Fatal(err)
+		if err := e.Client.CoreV1().Pods(e.NS).Delete(e.Ctx, n, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+			e.T.Fatal(err)
 		}
 	}
 	e.eventually("pods gone", 30*time.Second, func() (bool, string) {
@@ -117,7 +117,7 @@ func TestUpstreamGangs(t *testing.T) {
 		}
 		e.eventually("gang pending with its reason", 30*time.Second, func() (bool, string) {
 			why := pendingReason(e.pod("train-0"))
-			return contains(why, "gang scheduling.k8s.io/"+e.ns+"/train"), why
+			return contains(why, "gang scheduling.k8s.io/"+e.NS+"/train"), why
 		})
 		e.waitUpstreamCondition("train", schedulingv1beta1.PodGroupInitiallyScheduled, metav1.ConditionFalse)
 		time.Sleep(time.Second) // more cycles
@@ -137,7 +137,7 @@ func TestUpstreamGangs(t *testing.T) {
 		}
 		e.eventually("pods wait for their PodGroup", 30*time.Second, func() (bool, string) {
 			why := pendingReason(e.pod("late-0"))
-			return contains(why, "waiting for PodGroup "+e.ns+"/late (scheduling.k8s.io)"), why
+			return contains(why, "waiting for PodGroup "+e.NS+"/late (scheduling.k8s.io)"), why
 		})
 		e.upstreamGroup("late", 2, "all")
 		e.waitBound(names...)
@@ -210,13 +210,13 @@ func TestUpstreamGangs(t *testing.T) {
 		tmpl := e.claimTemplate("job-worker", gpuClaim{count: 2})
 		// The manifest TestGangJobWithoutTheAPI (test/e2e/grouper) creates
 		// where the API is not served.
-		job := framework.GangJob(e.ns, "llama", 3, "team-a", tmpl, "tessera-train")
-		if _, err := e.client.BatchV1().Jobs(e.ns).Create(e.ctx, job, metav1.CreateOptions{}); err != nil {
+		job := framework.GangJob(e.NS, "llama", 3, "team-a", tmpl, "tessera-train")
+		if _, err := e.Client.BatchV1().Jobs(e.NS).Create(e.Ctx, job, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		var pods []v1.Pod
 		e.eventually("the Job's 3 pods in its PodGroup, none bound", 60*time.Second, func() (bool, string) {
-			list, err := e.client.CoreV1().Pods(e.ns).List(e.ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=llama"})
+			list, err := e.Client.CoreV1().Pods(e.NS).List(e.Ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=llama"})
 			if err != nil {
 				return false, err.Error()
 			}
@@ -231,7 +231,7 @@ func TestUpstreamGangs(t *testing.T) {
 				if p.Spec.SchedulingGroup == nil || p.Spec.SchedulingGroup.PodGroupName == nil {
 					return false, p.Name + " has no spec.schedulingGroup"
 				}
-				if why := pendingReason(&p); !contains(why, "gang scheduling.k8s.io/"+e.ns+"/") {
+				if why := pendingReason(&p); !contains(why, "gang scheduling.k8s.io/"+e.NS+"/") {
 					return false, p.Name + ": " + why
 				}
 			}

@@ -28,7 +28,7 @@ func TestVolumes(t *testing.T) {
 	hostIs := func(node string) []v1.TopologySelectorTerm {
 		return []v1.TopologySelectorTerm{{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{{Key: "kubernetes.io/hostname", Values: []string{node}}}}}
 	}
-	if _, err := e.client.StorageV1().StorageClasses().Create(e.ctx, &storagev1.StorageClass{
+	if _, err := e.Client.StorageV1().StorageClasses().Create(e.Ctx, &storagev1.StorageClass{
 		ObjectMeta:        metav1.ObjectMeta{Name: "first-consumer-b"},
 		Provisioner:       "example.com/tessera-test",
 		VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
@@ -39,7 +39,7 @@ func TestVolumes(t *testing.T) {
 	sizedPVC := func(name, class, volume, size string) {
 		t.Helper()
 		c := &v1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.NS},
 			Spec: v1.PersistentVolumeClaimSpec{
 				AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
 				Resources:   v1.VolumeResourceRequirements{Requests: v1.ResourceList{v1.ResourceStorage: resource.MustParse(size)}},
@@ -49,7 +49,7 @@ func TestVolumes(t *testing.T) {
 		if class != "" {
 			c.Spec.StorageClassName = &class
 		}
-		if _, err := e.client.CoreV1().PersistentVolumeClaims(e.ns).Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
+		if _, err := e.Client.CoreV1().PersistentVolumeClaims(e.NS).Create(e.Ctx, c, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -57,8 +57,8 @@ func TestVolumes(t *testing.T) {
 	// localPV is a pre-created local volume of class on node.
 	localPV := func(name, class, node, size string) {
 		t.Helper()
-		if _, err := e.client.CoreV1().PersistentVolumes().Create(e.ctx, &v1.PersistentVolume{
-			ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-" + name},
+		if _, err := e.Client.CoreV1().PersistentVolumes().Create(e.Ctx, &v1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: e.NS + "-" + name},
 			Spec: v1.PersistentVolumeSpec{
 				Capacity:                      v1.ResourceList{v1.ResourceStorage: resource.MustParse(size)},
 				AccessModes:                   []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
@@ -80,7 +80,7 @@ func TestVolumes(t *testing.T) {
 		if n := e.pod("provisioned").Spec.NodeName; n != "vol-b" {
 			t.Fatalf("provisioned on %s; its class allows vol-b only", n)
 		}
-		c, err := e.client.CoreV1().PersistentVolumeClaims(e.ns).Get(e.ctx, "scratch", metav1.GetOptions{})
+		c, err := e.Client.CoreV1().PersistentVolumeClaims(e.NS).Get(e.Ctx, "scratch", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -92,7 +92,7 @@ func TestVolumes(t *testing.T) {
 	t.Run("a bound volume's node affinity", func(t *testing.T) {
 		// vol-b is the fuller node now, so bin-packing alone would pick it.
 		localPV("local-a", "manual", "vol-a", "1Gi")
-		pvc("data-a", "manual", e.ns+"-local-a")
+		pvc("data-a", "manual", e.NS+"-local-a")
 		e.createPod(podSpec{name: "pinned-volume", claim: &gpuClaim{}, pvc: "data-a"})
 		e.waitBound("pinned-volume")
 		if n := e.pod("pinned-volume").Spec.NodeName; n != "vol-a" {
@@ -105,18 +105,18 @@ func TestVolumes(t *testing.T) {
 	// claim no volume matches waits, saying so. Pods without GPUs: bin-
 	// packing alone would put them on vol-b, the fuller node.
 	t.Run("pre-created volumes for WaitForFirstConsumer claims", func(t *testing.T) {
-		if _, err := e.client.StorageV1().StorageClasses().Create(e.ctx, &storagev1.StorageClass{
-			ObjectMeta:        metav1.ObjectMeta{Name: e.ns + "-local"},
+		if _, err := e.Client.StorageV1().StorageClasses().Create(e.Ctx, &storagev1.StorageClass{
+			ObjectMeta:        metav1.ObjectMeta{Name: e.NS + "-local"},
 			Provisioner:       "kubernetes.io/no-provisioner",
 			VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
 		}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		localPV("nvme-a0", e.ns+"-local", "vol-a", "1Gi")
-		localPV("nvme-a1", e.ns+"-local", "vol-a", "1Gi")
-		localPV("nvme-b-small", e.ns+"-local", "vol-b", "100Mi") // too small for the claims
+		localPV("nvme-a0", e.NS+"-local", "vol-a", "1Gi")
+		localPV("nvme-a1", e.NS+"-local", "vol-a", "1Gi")
+		localPV("nvme-b-small", e.NS+"-local", "vol-b", "100Mi") // too small for the claims
 		for i, claim := range []string{"nvme-0", "nvme-1"} {
-			pvc(claim, e.ns+"-local", "")
+			pvc(claim, e.NS+"-local", "")
 			name := fmt.Sprintf("local-%d", i)
 			e.createPod(podSpec{name: name, pvc: claim})
 			e.waitBound(name)
@@ -126,7 +126,7 @@ func TestVolumes(t *testing.T) {
 		}
 		owners := map[string]string{}
 		for _, pv := range []string{"nvme-a0", "nvme-a1"} {
-			got, err := e.client.CoreV1().PersistentVolumes().Get(e.ctx, e.ns+"-"+pv, metav1.GetOptions{})
+			got, err := e.Client.CoreV1().PersistentVolumes().Get(e.Ctx, e.NS+"-"+pv, metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -140,17 +140,17 @@ func TestVolumes(t *testing.T) {
 		}
 		e.eventually("the PV controller binds the claims", 60*time.Second, func() (bool, string) {
 			for claim, pv := range owners {
-				c, err := e.client.CoreV1().PersistentVolumeClaims(e.ns).Get(e.ctx, claim, metav1.GetOptions{})
+				c, err := e.Client.CoreV1().PersistentVolumeClaims(e.NS).Get(e.Ctx, claim, metav1.GetOptions{})
 				if err != nil {
 					return false, err.Error()
 				}
-				if c.Spec.VolumeName != e.ns+"-"+pv {
+				if c.Spec.VolumeName != e.NS+"-"+pv {
 					return false, fmt.Sprintf("claim %s: volume %q", claim, c.Spec.VolumeName)
 				}
 			}
 			return true, ""
 		})
-		pvc("nvme-2", e.ns+"-local", "")
+		pvc("nvme-2", e.NS+"-local", "")
 		e.createPod(podSpec{name: "local-2", pvc: "nvme-2"})
 		want := `PersistentVolumeClaim "nvme-2" waits for a pre-created volume`
 		e.eventually("local-2 pending with its reason", 60*time.Second, func() (bool, string) {
@@ -191,7 +191,7 @@ func TestVolumes(t *testing.T) {
 
 	t.Run("CSI attach limits", func(t *testing.T) {
 		const driver = "csi.example.com"
-		if _, err := e.client.StorageV1().StorageClasses().Create(e.ctx, &storagev1.StorageClass{
+		if _, err := e.Client.StorageV1().StorageClasses().Create(e.Ctx, &storagev1.StorageClass{
 			ObjectMeta: metav1.ObjectMeta{Name: "csi-disk"}, Provisioner: driver,
 			VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
 		}, metav1.CreateOptions{}); err != nil {
@@ -199,7 +199,7 @@ func TestVolumes(t *testing.T) {
 		}
 		csiNode := func(node string, count int32) {
 			t.Helper()
-			if _, err := e.client.StorageV1().CSINodes().Create(e.ctx, &storagev1.CSINode{
+			if _, err := e.Client.StorageV1().CSINodes().Create(e.Ctx, &storagev1.CSINode{
 				ObjectMeta: metav1.ObjectMeta{Name: node},
 				Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{{Name: driver, NodeID: node,
 					Allocatable: &storagev1.VolumeNodeResources{Count: ptr.To(count)}}}},
@@ -238,14 +238,14 @@ func TestVolumes(t *testing.T) {
 	// node waits, saying so, until the capacity grows.
 	t.Run("CSI storage capacity", func(t *testing.T) {
 		const driver = "capacity.example.com"
-		if _, err := e.client.StorageV1().CSIDrivers().Create(e.ctx, &storagev1.CSIDriver{
+		if _, err := e.Client.StorageV1().CSIDrivers().Create(e.Ctx, &storagev1.CSIDriver{
 			ObjectMeta: metav1.ObjectMeta{Name: driver},
 			Spec:       storagev1.CSIDriverSpec{StorageCapacity: ptr.To(true)},
 		}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		class := e.ns + "-nvme"
-		if _, err := e.client.StorageV1().StorageClasses().Create(e.ctx, &storagev1.StorageClass{
+		class := e.NS + "-nvme"
+		if _, err := e.Client.StorageV1().StorageClasses().Create(e.Ctx, &storagev1.StorageClass{
 			ObjectMeta: metav1.ObjectMeta{Name: class}, Provisioner: driver,
 			VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
 		}, metav1.CreateOptions{}); err != nil {
@@ -266,7 +266,7 @@ func TestVolumes(t *testing.T) {
 		x := e.pod("capacity-probe").Spec.NodeName
 		y := map[string]string{"vol-a": "vol-b", "vol-b": "vol-a"}[x]
 		for _, c := range []*storagev1.CSIStorageCapacity{capacity(x, "1Gi", "1Gi"), capacity(y, "100Gi", "50Gi")} {
-			if _, err := e.client.StorageV1().CSIStorageCapacities(e.ns).Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
+			if _, err := e.Client.StorageV1().CSIStorageCapacities(e.NS).Create(e.Ctx, c, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -276,7 +276,7 @@ func TestVolumes(t *testing.T) {
 		if n := e.pod("capacity-1").Spec.NodeName; n != y {
 			t.Fatalf("capacity-1 on %s; only %s has room for its 20Gi volume", n, y)
 		}
-		c, err := e.client.CoreV1().PersistentVolumeClaims(e.ns).Get(e.ctx, "fast-1", metav1.GetOptions{})
+		c, err := e.Client.CoreV1().PersistentVolumeClaims(e.NS).Get(e.Ctx, "fast-1", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -306,12 +306,12 @@ func TestVolumes(t *testing.T) {
 		})
 		// The driver reports more room on x: the pod goes there.
 		grown := capacity(x, "1Ti", "1Ti")
-		cur, err := e.client.StorageV1().CSIStorageCapacities(e.ns).Get(e.ctx, grown.Name, metav1.GetOptions{})
+		cur, err := e.Client.StorageV1().CSIStorageCapacities(e.NS).Get(e.Ctx, grown.Name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		grown.ResourceVersion = cur.ResourceVersion
-		if _, err := e.client.StorageV1().CSIStorageCapacities(e.ns).Update(e.ctx, grown, metav1.UpdateOptions{}); err != nil {
+		if _, err := e.Client.StorageV1().CSIStorageCapacities(e.NS).Update(e.Ctx, grown, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		e.waitBound("capacity-2")

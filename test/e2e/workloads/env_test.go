@@ -7,7 +7,6 @@
 package workloads_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -19,8 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/internal/assignment"
@@ -40,13 +37,7 @@ const (
 
 type env struct {
 	*framework.Env
-	t      *testing.T
-	ctx    context.Context
-	cp     *controlplane.ControlPlane
-	client kubernetes.Interface
-	dyn    dynamic.Interface
-	ns     string
-	ops    map[string]*framework.Operator
+	ops map[string]*framework.Operator
 }
 
 // newEnv starts the control plane, the queues, the GPU node with its
@@ -56,7 +47,7 @@ func newEnv(t *testing.T, operators ...string) *env {
 	framework.OperatorsDir(t) // builds them, or skips under -short, before anything starts
 	nodeBin := controlplane.GoBinary(t, "./cmd/tessera-node")
 	fe := framework.NewEnv(t, framework.EnvOptions{Namespace: "ml", ControllerRBAC: true})
-	e := &env{Env: fe, t: t, ctx: fe.Ctx, cp: fe.CP, client: fe.Client, dyn: fe.Dyn, ns: fe.NS, ops: map[string]*framework.Operator{}}
+	e := &env{Env: fe, ops: map[string]*framework.Operator{}}
 	for _, q := range []string{teamA, teamB} {
 		e.createQueue(q, "4")
 	}
@@ -64,17 +55,17 @@ func newEnv(t *testing.T, operators ...string) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.cp.AddKwokNodeWith(t, n)
-	kubeconfig := e.cp.WriteKubeconfig(t, e.cp.UserConfig("system:node:"+node, "system:nodes"))
-	e.cp.StartChild(t, controlplane.ChildOptions{Name: "tessera-node-" + node, Bin: nodeBin,
+	e.CP.AddKwokNodeWith(t, n)
+	kubeconfig := e.CP.WriteKubeconfig(t, e.CP.UserConfig("system:node:"+node, "system:nodes"))
+	e.CP.StartChild(t, controlplane.ChildOptions{Name: "tessera-node-" + node, Bin: nodeBin,
 		Args: framework.FakeTesseraNodeArgs(node, nodeProfile, kubeconfig, filepath.Join(shortDir(t), node))})
 	e.WaitDevices(node, nodeGPUs, time.Minute)
 	for _, name := range operators {
 		start := time.Now()
-		e.ops[name] = framework.StartOperator(t, e.cp, name)
+		e.ops[name] = framework.StartOperator(t, e.CP, name)
 		t.Logf("%s ready in %v", name, time.Since(start).Round(time.Millisecond))
 	}
-	c := framework.StartController(t, e.cp, framework.ControllerOptions{})
+	c := framework.StartController(t, e.CP, framework.ControllerOptions{})
 	c.WaitLeader(t, time.Minute)
 	return e
 }
@@ -92,29 +83,29 @@ func shortDir(t *testing.T) string {
 }
 
 func (e *env) createQueue(name, quota string) {
-	e.t.Helper()
+	e.T.Helper()
 	e.CreateQueue(name, map[string]any{"resources": map[string]any{"gpu": map[string]any{"quota": quota}}})
 }
 
 func (e *env) eventually(what string, timeout time.Duration, cond func() (bool, string)) {
-	e.t.Helper()
+	e.T.Helper()
 	e.Eventually(what, timeout, cond)
 }
 
 // create creates a workload's object.
 func (e *env) create(w framework.Workload) {
-	e.t.Helper()
-	if _, err := e.dyn.Resource(w.GVR).Namespace(w.Object.GetNamespace()).Create(e.ctx, w.Object, metav1.CreateOptions{}); err != nil {
-		e.t.Fatalf("creating %s %s: %v", w.Object.GetKind(), w.Object.GetName(), err)
+	e.T.Helper()
+	if _, err := e.Dyn.Resource(w.GVR).Namespace(w.Object.GetNamespace()).Create(e.Ctx, w.Object, metav1.CreateOptions{}); err != nil {
+		e.T.Fatalf("creating %s %s: %v", w.Object.GetKind(), w.Object.GetName(), err)
 	}
 }
 
 // bareGPUPod creates a pod of its own (a gang of one) asking for gpus GPUs
 // in queue; preemptible false makes it no victim of reclaim.
 func (e *env) bareGPUPod(name, queue string, gpus int, preemptible bool) {
-	e.t.Helper()
+	e.T.Helper()
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name, Labels: map[string]string{kube.LabelQueue: queue},
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.NS, Name: name, Labels: map[string]string{kube.LabelQueue: queue},
 			Annotations: map[string]string{kube.AnnotationPreemptible: fmt.Sprint(preemptible)}},
 		Spec: corev1.PodSpec{SchedulerName: framework.SchedulerName, Containers: []corev1.Container{{
 			Name: "c", Image: "registry.k8s.io/pause:3.10",
@@ -122,19 +113,19 @@ func (e *env) bareGPUPod(name, queue string, gpus int, preemptible bool) {
 				assignment.DefaultResourceGPU: *resource.NewQuantity(int64(gpus), resource.DecimalSI)}},
 		}}},
 	}
-	if _, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, pod, metav1.CreateOptions{}); err != nil {
-		e.t.Fatalf("creating pod %s: %v", name, err)
+	if _, err := e.Client.CoreV1().Pods(e.NS).Create(e.Ctx, pod, metav1.CreateOptions{}); err != nil {
+		e.T.Fatalf("creating pod %s: %v", name, err)
 	}
 }
 
 func (e *env) waitBound(name string) {
-	e.t.Helper()
+	e.T.Helper()
 	e.WaitBound(time.Minute, name)
 }
 
 // pods lists a workload's live pods (not being deleted), by name.
 func (e *env) pods(w framework.Workload) []corev1.Pod {
-	e.t.Helper()
+	e.T.Helper()
 	return e.LivePods(w.PodSelector)
 }
 
@@ -154,7 +145,7 @@ func boundAt(p corev1.Pod) time.Time {
 
 // gone says whether none of the pods uids is live any more.
 func (e *env) gone(uids map[types.UID]string) (bool, string) {
-	list, err := e.client.CoreV1().Pods(e.ns).List(e.ctx, metav1.ListOptions{})
+	list, err := e.Client.CoreV1().Pods(e.NS).List(e.Ctx, metav1.ListOptions{})
 	if err != nil {
 		return false, err.Error()
 	}

@@ -37,22 +37,22 @@ func TestGangs(t *testing.T) {
 		subGroups []string
 	}{
 		{"pytorchjob", []string{framework.TrainingOperator}, func(e *env) framework.Workload {
-			return framework.PyTorchJob(e.ns, "llama", 3, framework.PodShape{GPUs: 1, Labels: inTeamA}) // master + 3 workers × 1 GPU
+			return framework.PyTorchJob(e.NS, "llama", 3, framework.PodShape{GPUs: 1, Labels: inTeamA}) // master + 3 workers × 1 GPU
 		}, nil},
 		{"mpijob", []string{framework.TrainingOperator}, func(e *env) framework.Workload {
 			// The launcher asks for no GPU: without a gang it would bind alone.
-			return framework.MPIJob(e.ns, "mpi", framework.PodShape{Labels: inTeamA}, 2, framework.PodShape{GPUs: 2, Labels: inTeamA})
+			return framework.MPIJob(e.NS, "mpi", framework.PodShape{Labels: inTeamA}, 2, framework.PodShape{GPUs: 2, Labels: inTeamA})
 		}, nil},
 		{"jobset", []string{framework.JobSet}, func(e *env) framework.Workload {
-			return framework.JobSetOf(e.ns, "js", []int{2, 2}, framework.PodShape{GPUs: 1, Labels: inTeamA}) // 2 replicated jobs × 2 pods × 1 GPU
+			return framework.JobSetOf(e.NS, "js", []int{2, 2}, framework.PodShape{GPUs: 1, Labels: inTeamA}) // 2 replicated jobs × 2 pods × 1 GPU
 		}, []string{"rj0-0", "rj1-0"}},
 		{"trainjob", []string{framework.JobSet, framework.Trainer}, func(e *env) framework.Workload {
 			e.trainingRuntime("torch")
-			return framework.TrainJob(e.ns, "tj", "torch", 2, 2) // 2 nodes × 2 GPUs, through trainer's JobSet
+			return framework.TrainJob(e.NS, "tj", "torch", 2, 2) // 2 nodes × 2 GPUs, through trainer's JobSet
 		}, []string{"node-0"}},
 		{"raycluster", []string{framework.KubeRay}, func(e *env) framework.Workload {
 			// The head asks for no GPU: without a gang it would bind alone.
-			return framework.RayCluster(e.ns, "ray", framework.PodShape{Labels: inTeamA}, 2, framework.PodShape{GPUs: 2, Labels: inTeamA})
+			return framework.RayCluster(e.NS, "ray", framework.PodShape{Labels: inTeamA}, 2, framework.PodShape{GPUs: 2, Labels: inTeamA})
 		}, []string{"head", "gpu"}},
 	}
 	for _, tc := range cases {
@@ -74,25 +74,25 @@ func TestGangs(t *testing.T) {
 // TrainingRuntime of the namespace whose pods are tessera-scheduler's, in
 // team-a (TrainJob has no field for either).
 func (e *env) trainingRuntime(name string) {
-	e.t.Helper()
-	rt, err := framework.TrainingRuntime(e.ops[framework.Trainer], e.ns, name, framework.SchedulerName, inTeamA)
+	e.T.Helper()
+	rt, err := framework.TrainingRuntime(e.ops[framework.Trainer], e.NS, name, framework.SchedulerName, inTeamA)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
-	if _, err := e.dyn.Resource(framework.TrainingRuntimeGVR).Namespace(e.ns).Create(e.ctx, rt, metav1.CreateOptions{}); err != nil {
-		e.t.Fatalf("creating TrainingRuntime %s: %v", name, err)
+	if _, err := e.Dyn.Resource(framework.TrainingRuntimeGVR).Namespace(e.NS).Create(e.Ctx, rt, metav1.CreateOptions{}); err != nil {
+		e.T.Fatalf("creating TrainingRuntime %s: %v", name, err)
 	}
 }
 
 // checkSubGroups: the gang's PodGroup has exactly the subgroups want (none
 // when want is empty), and each pod names one of them.
 func (e *env) checkSubGroups(w framework.Workload, want []string) {
-	e.t.Helper()
+	e.T.Helper()
 	pods := e.pods(w)
 	group := pods[0].Annotations[kube.AnnotationPodGroup]
-	pg, err := e.dyn.Resource(kube.PodGroupGVR).Namespace(e.ns).Get(e.ctx, group, metav1.GetOptions{})
+	pg, err := e.Dyn.Resource(kube.PodGroupGVR).Namespace(e.NS).Get(e.Ctx, group, metav1.GetOptions{})
 	if err != nil {
-		e.t.Fatalf("PodGroup %s: %v", group, err)
+		e.T.Fatalf("PodGroup %s: %v", group, err)
 	}
 	subs, _, _ := unstructured.NestedSlice(pg.Object, "spec", "subGroups")
 	var got []string
@@ -101,7 +101,7 @@ func (e *env) checkSubGroups(w framework.Workload, want []string) {
 		got = append(got, name)
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
-		e.t.Fatalf("PodGroup %s subgroups %v; want %v", group, got, want)
+		e.T.Fatalf("PodGroup %s subgroups %v; want %v", group, got, want)
 	}
 	known := map[string]bool{}
 	for _, s := range want {
@@ -110,16 +110,16 @@ func (e *env) checkSubGroups(w framework.Workload, want []string) {
 	for _, p := range pods {
 		sub := p.Annotations[kube.AnnotationPodSubGroup]
 		if (len(want) == 0) != (sub == "") || (sub != "" && !known[sub]) {
-			e.t.Fatalf("pod %s names subgroup %q; the group has %v", p.Name, sub, want)
+			e.T.Fatalf("pod %s names subgroup %q; the group has %v", p.Name, sub, want)
 		}
 	}
-	e.t.Logf("PodGroup %s: minMember %v, subgroups %v", group, pg.Object["spec"].(map[string]any)["minMember"], got)
+	e.T.Logf("PodGroup %s: minMember %v, subgroups %v", group, pg.Object["spec"].(map[string]any)["minMember"], got)
 }
 
 // baseAndHold fills 6 of the 8 GPUs with team-a's pods: base (4 GPUs, not
 // preemptible) and hold (2 GPUs).
 func (e *env) baseAndHold() {
-	e.t.Helper()
+	e.T.Helper()
 	e.bareGPUPod("base", teamA, 4, false)
 	e.bareGPUPod("hold", teamA, 2, true)
 	e.waitBound("base")
@@ -129,7 +129,7 @@ func (e *env) baseAndHold() {
 // waitAllPending waits until the workload's pods exist, each in a group
 // the grouper made, and each says why it waits, naming its group.
 func (e *env) waitAllPending(w framework.Workload, free int) {
-	e.t.Helper()
+	e.T.Helper()
 	var sample string
 	e.eventually(fmt.Sprintf("%d pods of %s pending with their gang's reason", w.Pods, w.Object.GetName()), 2*time.Minute, func() (bool, string) {
 		pods := e.pods(w)
@@ -143,21 +143,21 @@ func (e *env) waitAllPending(w framework.Workload, free int) {
 				return false, fmt.Sprintf("pod %s (group %q): %s", p.Name, group, why)
 			}
 			if p.Spec.NodeName != "" {
-				e.t.Fatalf("pod %s bound to %s although its gang does not fit on %d free GPUs", p.Name, p.Spec.NodeName, free)
+				e.T.Fatalf("pod %s bound to %s although its gang does not fit on %d free GPUs", p.Name, p.Spec.NodeName, free)
 			}
 			sample = fmt.Sprintf("pod %s: %s", p.Name, why)
 		}
 		return true, ""
 	})
-	e.t.Logf("%s %s, %d free GPUs: %s", w.Object.GetKind(), w.Object.GetName(), free, sample)
+	e.T.Logf("%s %s, %d free GPUs: %s", w.Object.GetKind(), w.Object.GetName(), free, sample)
 }
 
 // holdNoneBound watches the gang over many cycles: no pod may bind.
 func (e *env) holdNoneBound(w framework.Workload) {
-	e.t.Helper()
+	e.T.Helper()
 	for end := time.Now().Add(holdFor); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		if n := framework.Bound(e.pods(w)); n > 0 {
-			e.t.Fatalf("%d pods of %s bound although the gang does not fit", n, w.Object.GetName())
+			e.T.Fatalf("%d pods of %s bound although the gang does not fit", n, w.Object.GetName())
 		}
 	}
 }
@@ -166,13 +166,13 @@ func (e *env) holdNoneBound(w framework.Workload) {
 // binds, in one cycle: PodScheduled turns true for all within a second (its
 // resolution).
 func (e *env) freeHold(w framework.Workload) {
-	e.t.Helper()
+	e.T.Helper()
 	waiting := map[string]bool{}
 	for _, p := range e.pods(w) {
 		waiting[p.Name] = p.Spec.NodeName == ""
 	}
-	if err := e.client.CoreV1().Pods(e.ns).Delete(e.ctx, "hold", metav1.DeleteOptions{}); err != nil {
-		e.t.Fatal(err)
+	if err := e.Client.CoreV1().Pods(e.NS).Delete(e.Ctx, "hold", metav1.DeleteOptions{}); err != nil {
+		e.T.Fatal(err)
 	}
 	var pods []corev1.Pod
 	e.eventually("every pod of "+w.Object.GetName()+" bound", time.Minute, func() (bool, string) {
@@ -184,7 +184,7 @@ func (e *env) freeHold(w framework.Workload) {
 	for _, p := range pods {
 		was, ok := waiting[p.Name]
 		if !ok {
-			e.t.Fatalf("pod %s is new: the workload's pods were replaced while waiting", p.Name)
+			e.T.Fatalf("pod %s is new: the workload's pods were replaced while waiting", p.Name)
 		}
 		if !was {
 			continue
@@ -198,16 +198,16 @@ func (e *env) freeHold(w framework.Workload) {
 		}
 	}
 	if last.Sub(first) > time.Second {
-		e.t.Fatalf("the waiting pods bound over %v (first %v, last %v); want one cycle", last.Sub(first), first, last)
+		e.T.Fatalf("the waiting pods bound over %v (first %v, last %v); want one cycle", last.Sub(first), first, last)
 	}
-	e.t.Logf("the waiting pods bound within %v of each other", last.Sub(first))
+	e.T.Logf("the waiting pods bound within %v of each other", last.Sub(first))
 }
 
 // reclaimWholeGang: team-b asks for gpus GPUs, within its quota, while
 // team-a holds all 8; every pod of the gang is evicted, though fewer would
 // have freed enough.
 func (e *env) reclaimWholeGang(w framework.Workload, gpus int) {
-	e.t.Helper()
+	e.T.Helper()
 	uids := map[types.UID]string{}
 	for _, p := range e.pods(w) {
 		uids[p.UID] = p.Name
@@ -225,7 +225,7 @@ func (e *env) reclaimWholeGang(w framework.Workload, gpus int) {
 // the other running.
 func TestLeaderWorkerSet(t *testing.T) {
 	e := newEnv(t, framework.LWS)
-	w := framework.LeaderWorkerSet(e.ns, "vllm", 2, 2, framework.PodShape{GPUs: 1, Labels: inTeamA})
+	w := framework.LeaderWorkerSet(e.NS, "vllm", 2, 2, framework.PodShape{GPUs: 1, Labels: inTeamA})
 	e.baseAndHold()
 	e.create(w)
 	var waiting string
@@ -254,7 +254,7 @@ func TestLeaderWorkerSet(t *testing.T) {
 	e.checkSubGroups(w, []string{"leader", "workers"})
 	for end := time.Now().Add(holdFor); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		if n := framework.Bound(e.lwsGroups(w)[waiting]); n > 0 {
-			e.t.Fatalf("%d pods of LWS group %s bound on 2 free GPUs", n, waiting)
+			e.T.Fatalf("%d pods of LWS group %s bound on 2 free GPUs", n, waiting)
 		}
 	}
 	p := e.lwsGroups(w)[waiting][0]
@@ -302,7 +302,7 @@ func (e *env) lwsGroups(w framework.Workload) map[string][]corev1.Pod {
 
 // intact says whether every pod of uids is still live.
 func (e *env) intact(uids map[types.UID]string) (bool, string) {
-	list, err := e.client.CoreV1().Pods(e.ns).List(e.ctx, metav1.ListOptions{})
+	list, err := e.Client.CoreV1().Pods(e.NS).List(e.Ctx, metav1.ListOptions{})
 	if err != nil {
 		return false, err.Error()
 	}
