@@ -160,32 +160,85 @@ func run(ctx context.Context, c config) error {
 	if err != nil {
 		return fmt.Errorf("creating Kubernetes client: %w", err)
 	}
+	inv, fake, err := openInventory(c)
+	if err != nil {
+		return err
+	}
+	defer inv.Close()
 
-	var inv gpu.Inventory
-	var fake *gpu.Fake
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	opts, err := driverOptions(c, client, inv, reg)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	d, err := driver.Start(ctx, opts)
+	if err != nil {
+		if ctx.Err() != nil {
+			// Asked to stop while starting: a clean shutdown, not a failure.
+			logger.Info("Stopped while starting", "reason", context.Cause(ctx))
+			return nil
+		}
+		return err
+	}
+	plugins, err := startDevicePlugins(ctx, c, client, inv, d, reg)
+	if err != nil {
+		d.Stop()
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	logger.Info("Started", "version", version.Version, "node", c.nodeName, "fakeGPUs", c.fakeGPUs, "devicePlugin", c.devicePlugin, "duration", time.Since(start))
+	var owner *ownerWatch
+	err = armKillPoint(logger)
+	if err == nil {
+		err = armGPUFaults(ctx, logger, fake)
+	}
+	if err == nil && c.daemonSet != "" {
+		owner, err = startOwnerWatch(ctx, client, c.daemonSet)
+	}
+	if err != nil {
+		if plugins != nil {
+			plugins.Stop()
+		}
+		d.Stop()
+		return err
+	}
+	srv, err := serveHTTP(logger, c.httpAddr, d.HTTPHandler(reg))
+	if err != nil {
+		d.Stop()
+		return err
+	}
+	return waitAndStop(ctx, logger, d, plugins, srv, owner)
+}
+
+// openInventory opens the node's GPUs: fake ones from --fake-gpus, else
+// NVML's. fake is nil for real GPUs.
+func openInventory(c config) (inv gpu.Inventory, fake *gpu.Fake, err error) {
 	if c.fakeGPUs != "" {
 		var opts []gpu.Option
 		if c.fakeClique != "" {
 			opts = append(opts, gpu.WithFakeClique(c.fakeClique))
 		}
 		if fake, err = gpu.NewFake(c.fakeGPUs, c.nodeName, opts...); err != nil {
-			return err
+			return nil, nil, err
 		}
-		inv = fake
-	} else {
-		if c.fakeClique != "" {
-			return errors.New("--fake-clique is for fake GPUs (--fake-gpus); real GPUs report their clique through NVML")
-		}
-		nv, err := gpu.NewNVML()
-		if err != nil {
-			return fmt.Errorf("NVML (use --fake-gpus on nodes without GPUs): %w", err)
-		}
-		inv = nv
+		return fake, fake, nil
 	}
-	defer inv.Close()
+	if c.fakeClique != "" {
+		return nil, nil, errors.New("--fake-clique is for fake GPUs (--fake-gpus); real GPUs report their clique through NVML")
+	}
+	nv, err := gpu.NewNVML()
+	if err != nil {
+		return nil, nil, fmt.Errorf("NVML (use --fake-gpus on nodes without GPUs): %w", err)
+	}
+	return nv, nil, nil
+}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+// driverOptions are the DRA driver's options from the flags.
+func driverOptions(c config, client kubernetes.Interface, inv gpu.Inventory, reg *prometheus.Registry) (driver.Options, error) {
 	opts := driver.Options{
 		NodeName:      c.nodeName,
 		KubeClient:    client,
@@ -211,76 +264,54 @@ func run(ctx context.Context, c config) error {
 	if c.mps {
 		control, args, err := mpsControl(c.mpsControl, c.fakeGPUs != "")
 		if err != nil {
-			return err
+			return opts, err
 		}
 		opts.MPS = &sharing.MPSOptions{Root: c.mpsRoot, Control: control, ControlArgs: args, Supervisor: c.mpsSupervisor}
 	}
-	start := time.Now()
-	d, err := driver.Start(ctx, opts)
+	return opts, nil
+}
+
+// startDevicePlugins starts the device plugins when --device-plugin asks
+// for them (nil otherwise), the driver's ledger their record of what is
+// allocated.
+func startDevicePlugins(ctx context.Context, c config, client kubernetes.Interface, inv gpu.Inventory, d *driver.Driver, reg *prometheus.Registry) (*deviceplugin.Manager, error) {
+	if !c.devicePlugin {
+		return nil, nil
+	}
+	plugins, err := deviceplugin.Start(ctx, deviceplugin.Options{
+		NodeName: c.nodeName, KubeClient: client, Inventory: inv, Ledger: d,
+		Dir: c.devicePluginDir, GPUResource: c.gpuResourceName, ShareSlots: c.shareSlots,
+	})
 	if err != nil {
-		if ctx.Err() != nil {
-			// Asked to stop while starting: a clean shutdown, not a failure.
-			logger.Info("Stopped while starting", "reason", context.Cause(ctx))
-			return nil
-		}
-		return err
+		return nil, err
 	}
-	var plugins *deviceplugin.Manager
-	if c.devicePlugin {
-		plugins, err = deviceplugin.Start(ctx, deviceplugin.Options{
-			NodeName: c.nodeName, KubeClient: client, Inventory: inv, Ledger: d,
-			Dir: c.devicePluginDir, GPUResource: c.gpuResourceName, ShareSlots: c.shareSlots,
-		})
-		if err != nil {
-			d.Stop()
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		// One gauge for both device plugins: they register together.
-		reg.MustRegister(driver.PluginRegistered("deviceplugin", plugins.Registered))
+	// One gauge for both device plugins: they register together.
+	reg.MustRegister(driver.PluginRegistered("deviceplugin", plugins.Registered))
+	return plugins, nil
+}
+
+// serveHTTP serves metrics and health on addr; nil when addr is empty.
+func serveHTTP(logger klog.Logger, addr string, h http.Handler) (*http.Server, error) {
+	if addr == "" {
+		return nil, nil
 	}
-	logger.Info("Started", "version", version.Version, "node", c.nodeName, "fakeGPUs", c.fakeGPUs, "devicePlugin", c.devicePlugin, "duration", time.Since(start))
-	err = armKillPoint(logger)
-	if err == nil {
-		err = armGPUFaults(ctx, logger, fake)
-	}
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		if plugins != nil {
-			plugins.Stop()
-		}
-		d.Stop()
-		return err
+		return nil, fmt.Errorf("listening on %s: %w", addr, err)
 	}
-
-	var owner *ownerWatch
-	if c.daemonSet != "" {
-		if owner, err = startOwnerWatch(ctx, client, c.daemonSet); err != nil {
-			if plugins != nil {
-				plugins.Stop()
-			}
-			d.Stop()
-			return err
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error(err, "HTTP server")
 		}
-	}
+	}()
+	logger.Info("Serving metrics and health", "address", ln.Addr().String())
+	return srv, nil
+}
 
-	var srv *http.Server
-	if c.httpAddr != "" {
-		ln, err := net.Listen("tcp", c.httpAddr)
-		if err != nil {
-			d.Stop()
-			return fmt.Errorf("listening on %s: %w", c.httpAddr, err)
-		}
-		srv = &http.Server{Handler: d.HTTPHandler(reg), ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				logger.Error(err, "HTTP server")
-			}
-		}()
-		logger.Info("Serving metrics and health", "address", ln.Addr().String())
-	}
-
+// waitAndStop waits until ctx ends or the driver fails, then stops
+// everything; it returns the driver's failure, nil when asked to stop.
+func waitAndStop(ctx context.Context, logger klog.Logger, d *driver.Driver, plugins *deviceplugin.Manager, srv *http.Server, owner *ownerWatch) error {
 	select {
 	case <-ctx.Done():
 		logger.Info("Shutting down", "reason", context.Cause(ctx))
