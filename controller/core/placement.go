@@ -570,106 +570,137 @@ func (s *session) whyNot(p *podState) string {
 
 // whyNotCounted is whyNot's main reason, and how many nodes failed how.
 func (s *session) whyNotCounted(p *podState) (string, map[failKind]int) {
-	counts := map[failKind]int{}
-	nvBest, maxWhole := 0, 0
-	var maxFreeCPU, maxFreeMem, gpuCPU, gpuMem int64
-	var maxFreeOther []int64 // indexed like p.other
+	f := s.surveyNodes(p)
+	if f.fits {
+		return "fits a node now", f.counts // not reached by callers
+	}
+	return s.whyNotReason(p, f), f.counts
+}
+
+// nodeSurvey is how the nodes fail a pod: how many fail how and, on the
+// nodes that fail it only for its resources, the most they have free.
+type nodeSurvey struct {
+	counts           map[failKind]int
+	fits             bool // some node fits it (the survey stopped there)
+	nvBest, maxWhole int
+	maxFreeCPU       int64
+	maxFreeMem       int64
+	gpuCPU, gpuMem   int64   // on the nodes that have its GPUs free
+	maxFreeOther     []int64 // indexed like p.other
+}
+
+func (s *session) surveyNodes(p *podState) *nodeSurvey {
+	f := &nodeSurvey{counts: map[failKind]int{}}
 	if p.other != nil {
-		maxFreeOther = make([]int64, len(p.other))
+		f.maxFreeOther = make([]int64, len(p.other))
 	}
 	for _, n := range s.nodes {
 		_, why, nv := fitOnNode(p, n)
-		counts[why]++
+		f.counts[why]++
 		if why == fitOK {
-			return "fits a node now", counts // not reached by callers
+			f.fits = true
+			return f
 		}
 		if why >= failGPUCount {
-			nvBest = max(nvBest, nv)
+			f.nvBest = max(f.nvBest, nv)
 			free := 0
 			for i := range n.gpus {
 				if n.gpus[i].pods == 0 && gpuOK(p, n, &n.gpus[i]) {
 					free++
 				}
 			}
-			maxWhole = max(maxWhole, free)
-			maxFreeCPU = max(maxFreeCPU, n.cpu-n.usedCPU)
-			maxFreeMem = max(maxFreeMem, n.mem-n.usedMem)
+			f.maxWhole = max(f.maxWhole, free)
+			f.maxFreeCPU = max(f.maxFreeCPU, n.cpu-n.usedCPU)
+			f.maxFreeMem = max(f.maxFreeMem, n.mem-n.usedMem)
 			// On the nodes that have its GPUs free, what they lack.
 			if why == failCPU {
-				gpuCPU = max(gpuCPU, n.cpu-n.usedCPU)
+				f.gpuCPU = max(f.gpuCPU, n.cpu-n.usedCPU)
 			}
 			if why == failMemory {
-				gpuMem = max(gpuMem, n.mem-n.usedMem)
+				f.gpuMem = max(f.gpuMem, n.mem-n.usedMem)
 			}
-			for i := range maxFreeOther {
-				maxFreeOther[i] = max(maxFreeOther[i], n.other[i]-n.usedOther[i])
+			for i := range f.maxFreeOther {
+				f.maxFreeOther[i] = max(f.maxFreeOther[i], n.other[i]-n.usedOther[i])
 			}
 		}
 	}
+	return f
+}
+
+// whyNotReason says, from the survey, why p fits no node.
+func (s *session) whyNotReason(p *podState, f *nodeSurvey) string {
+	counts := f.counts
 	r := &p.req
 	switch {
 	case len(s.nodes) == 0:
-		return "the cluster has no nodes", counts
+		return "the cluster has no nodes"
 	case counts[failUnschedulable]+counts[failTopology]+counts[failSelector]+counts[failModel]+counts[failFeasible]+counts[failApart]+counts[failNear]+counts[failSpread] == len(s.nodes):
-		if counts[failSpread] > 0 {
-			return "every node it could use would break its topology spread (maxSkew)", counts
-		}
-		if counts[failNear] > 0 {
-			return "no node it could use is in a domain with the pods it must run near (required pod affinity)", counts
-		}
-		if counts[failApart] > 0 {
-			return "every node it could use runs a pod it must be kept apart from (required pod anti-affinity)", counts
-		}
-		if counts[failFeasible] > 0 {
-			return "no schedulable node passes its constraints (taints, device selectors, healthy GPUs)", counts
-		}
-		if counts[failModel] > 0 {
-			return fmt.Sprintf("no schedulable node has a GPU of model %s", strings.Join(p.models, " or ")), counts
-		}
-		if counts[failSelector] > 0 {
-			return "no schedulable node matches its node selector", counts
-		}
-		if counts[failTopology] > 0 {
-			return "no schedulable node of its gang's topology domain matches it", counts
-		}
-		return "every node is unschedulable", counts
+		return constraintReason(p, counts)
 	case counts[failNVLink] > 0:
-		return fmt.Sprintf("needs %s; the best node has %d", plural(r.GPUs, "NVLink-connected GPU"), nvBest), counts
-	case counts[failGPUCount] > 0 && (maxWhole < r.GPUs || counts[failCPU]+counts[failMemory] == 0):
+		return fmt.Sprintf("needs %s; the best node has %d", plural(r.GPUs, "NVLink-connected GPU"), f.nvBest)
+	case counts[failGPUCount] > 0 && (f.maxWhole < r.GPUs || counts[failCPU]+counts[failMemory] == 0):
 		// (When some node has the GPUs free, what it lacks is CPU or memory:
 		// said below.)
-		return fmt.Sprintf("needs %s on one node; the most free on any node is %d", plural(r.GPUs, "free GPU"), maxWhole), counts
+		return fmt.Sprintf("needs %s on one node; the most free on any node is %d", plural(r.GPUs, "free GPU"), f.maxWhole)
 	case counts[failQueueRoom] > 0:
-		return fmt.Sprintf("needs %s of GPU memory; on every GPU with room that share would take its queue past its GPU limit (or, non-preemptible, its quota)", formatBytes(r.GPUMemory)), counts
+		return fmt.Sprintf("needs %s of GPU memory; on every GPU with room that share would take its queue past its GPU limit (or, non-preemptible, its quota)", formatBytes(r.GPUMemory))
 	case counts[failFraction] > 0:
 		what := fmt.Sprintf("%s of a GPU", formatMilli(r.GPUMilli))
 		if r.GPUMemory > 0 {
 			what = formatBytes(r.GPUMemory) + " of GPU memory"
 		}
 		if s.modeBlocks(p) {
-			return fmt.Sprintf("needs %s (%s); no GPU has that much free without mixing sharing modes", what, r.Sharing), counts
+			return fmt.Sprintf("needs %s (%s); no GPU has that much free without mixing sharing modes", what, r.Sharing)
 		}
-		return fmt.Sprintf("needs %s (%s); no GPU it may use has that much free", what, r.Sharing), counts
+		return fmt.Sprintf("needs %s (%s); no GPU it may use has that much free", what, r.Sharing)
 	case counts[failCPU] > 0 && counts[failGPUCount] > 0 && r.GPUs > 0:
-		return fmt.Sprintf("needs %s on a node with %s; the most free on such a node is %s", formatAmount(ResCPU, r.CPU), plural(r.GPUs, "free GPU"), formatAmount(ResCPU, gpuCPU)), counts
+		return fmt.Sprintf("needs %s on a node with %s; the most free on such a node is %s", formatAmount(ResCPU, r.CPU), plural(r.GPUs, "free GPU"), formatAmount(ResCPU, f.gpuCPU))
 	case counts[failCPU] > 0:
-		return fmt.Sprintf("needs %s; the most free on any node is %s", formatAmount(ResCPU, r.CPU), formatAmount(ResCPU, maxFreeCPU)), counts
+		return fmt.Sprintf("needs %s; the most free on any node is %s", formatAmount(ResCPU, r.CPU), formatAmount(ResCPU, f.maxFreeCPU))
 	case counts[failMemory] > 0 && counts[failGPUCount] > 0 && r.GPUs > 0:
-		return fmt.Sprintf("needs %s on a node with %s; the most free on such a node is %s", formatAmount(ResMemory, r.Memory), plural(r.GPUs, "free GPU"), formatAmount(ResMemory, gpuMem)), counts
+		return fmt.Sprintf("needs %s on a node with %s; the most free on such a node is %s", formatAmount(ResMemory, r.Memory), plural(r.GPUs, "free GPU"), formatAmount(ResMemory, f.gpuMem))
 	case counts[failMemory] > 0:
-		return fmt.Sprintf("needs %s; the most free on any node is %s", formatAmount(ResMemory, r.Memory), formatAmount(ResMemory, maxFreeMem)), counts
+		return fmt.Sprintf("needs %s; the most free on any node is %s", formatAmount(ResMemory, r.Memory), formatAmount(ResMemory, f.maxFreeMem))
 	default:
-		var asks []string
-		for i, v := range p.other {
-			if v == 0 {
-				continue
-			}
-			name := s.otherNames[i]
-			if v > maxFreeOther[i] {
-				return fmt.Sprintf("needs %d %s; the most free on any node is %d", v, name, maxFreeOther[i]), counts
-			}
-			asks = append(asks, fmt.Sprintf("%d %s", v, name))
-		}
-		return fmt.Sprintf("needs %s; no node has all of it free", strings.Join(asks, " and ")), counts
+		return s.otherResourceReason(p, f)
 	}
+}
+
+// constraintReason says which constraint rules out every node, when no
+// node passes p's constraints.
+func constraintReason(p *podState, counts map[failKind]int) string {
+	switch {
+	case counts[failSpread] > 0:
+		return "every node it could use would break its topology spread (maxSkew)"
+	case counts[failNear] > 0:
+		return "no node it could use is in a domain with the pods it must run near (required pod affinity)"
+	case counts[failApart] > 0:
+		return "every node it could use runs a pod it must be kept apart from (required pod anti-affinity)"
+	case counts[failFeasible] > 0:
+		return "no schedulable node passes its constraints (taints, device selectors, healthy GPUs)"
+	case counts[failModel] > 0:
+		return fmt.Sprintf("no schedulable node has a GPU of model %s", strings.Join(p.models, " or "))
+	case counts[failSelector] > 0:
+		return "no schedulable node matches its node selector"
+	case counts[failTopology] > 0:
+		return "no schedulable node of its gang's topology domain matches it"
+	}
+	return "every node is unschedulable"
+}
+
+// otherResourceReason names the extended resource p asks for more of than
+// any node has free, or, when each fits somewhere, all it asks.
+func (s *session) otherResourceReason(p *podState, f *nodeSurvey) string {
+	var asks []string
+	for i, v := range p.other {
+		if v == 0 {
+			continue
+		}
+		name := s.otherNames[i]
+		if v > f.maxFreeOther[i] {
+			return fmt.Sprintf("needs %d %s; the most free on any node is %d", v, name, f.maxFreeOther[i])
+		}
+		asks = append(asks, fmt.Sprintf("%d %s", v, name))
+	}
+	return fmt.Sprintf("needs %s; no node has all of it free", strings.Join(asks, " and "))
 }
