@@ -12,7 +12,6 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
-	"k8s.io/klog/v2"
 )
 
 // Fake is an inventory of fake GPUs: go-nvml's mock server with the topology,
@@ -549,7 +548,7 @@ func (f *Fake) deliver(i int, e nvml.EventData) {
 		select {
 		case s.events <- e:
 		default:
-			klog.Warningf("Fake GPU %d: event set full, dropping event %+v", i, e)
+			f.opts.logger.Info("Fake GPU: event set full, dropping the event", "gpu", i, "event", fmt.Sprintf("%+v", e))
 		}
 	}
 }

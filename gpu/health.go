@@ -70,7 +70,8 @@ func (n *NVMLInventory) Health(ctx context.Context) <-chan HealthEvent {
 	out := make(chan HealthEvent, 64)
 	// The event set is registered before Health returns: an XID raised
 	// right after the call is not lost to a goroutine not yet started.
-	states, set, ok := n.openHealth()
+	logger := klog.FromContext(ctx)
+	states, set, ok := n.openHealth(logger)
 	go func() {
 		defer close(out)
 		if !ok {
@@ -86,10 +87,10 @@ func (n *NVMLInventory) Health(ctx context.Context) <-chan HealthEvent {
 
 // openHealth finds the GPUs and registers an event set for their critical
 // XIDs; set is nil where NVML gives none (then the GPUs are only polled).
-func (n *NVMLInventory) openHealth() (states []*gpuState, set nvml.EventSet, ok bool) {
+func (n *NVMLInventory) openHealth(logger klog.Logger) (states []*gpuState, set nvml.EventSet, ok bool) {
 	count, ret := n.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
-		klog.Errorf("Health: counting GPUs: %s", nvml.ErrorString(ret))
+		logger.Error(nvmlErr("counting GPUs", ret), "Health: not watching GPUs")
 		return nil, nil, false
 	}
 	states = make([]*gpuState, count)
@@ -102,7 +103,7 @@ func (n *NVMLInventory) openHealth() (states []*gpuState, set nvml.EventSet, ok 
 	}
 	s, ret := n.lib.EventSetCreate()
 	if ret != nvml.SUCCESS {
-		klog.Warningf("Health: no NVML event set (%s); only polling GPUs", nvml.ErrorString(ret))
+		logger.Info("Health: no NVML event set; only polling GPUs", "nvml", nvml.ErrorString(ret))
 		return states, nil, true
 	}
 	for i := range states {
@@ -111,13 +112,14 @@ func (n *NVMLInventory) openHealth() (states []*gpuState, set nvml.EventSet, ok 
 			continue
 		}
 		if ret := h.RegisterEvents(nvml.EventTypeXidCriticalError, s); ret != nvml.SUCCESS {
-			klog.Warningf("Health: GPU %d does not report XID events (%s); only polling it", i, nvml.ErrorString(ret))
+			logger.Info("Health: GPU does not report XID events; only polling it", "gpu", i, "nvml", nvml.ErrorString(ret))
 		}
 	}
 	return states, s, true
 }
 
 func (n *NVMLInventory) watchHealth(ctx context.Context, out chan<- HealthEvent, states []*gpuState, set nvml.EventSet) {
+	logger := klog.FromContext(ctx)
 	send := func(i int, healthy bool, reason string, xid uint64) bool {
 		st := states[i]
 		if st.healthy == healthy {
@@ -126,9 +128,9 @@ func (n *NVMLInventory) watchHealth(ctx context.Context, out chan<- HealthEvent,
 		st.healthy = healthy
 		ev := HealthEvent{UUID: st.uuid, Index: i, Healthy: healthy, Reason: reason, XID: xid, Time: time.Now()}
 		if healthy {
-			klog.Infof("GPU %d (%s) is healthy again: %s", i, st.uuid, reason)
+			logger.Info("GPU is healthy again", "gpu", i, "uuid", st.uuid, "reason", reason)
 		} else {
-			klog.Warningf("GPU %d (%s) is unhealthy: %s", i, st.uuid, reason)
+			logger.Info("GPU is unhealthy", "gpu", i, "uuid", st.uuid, "reason", reason)
 		}
 		select {
 		case out <- ev:
@@ -171,7 +173,7 @@ func (n *NVMLInventory) watchHealth(ctx context.Context, out chan<- HealthEvent,
 			nextProbe = time.Now()
 			continue
 		default:
-			klog.Warningf("Health: waiting for NVML events: %s", nvml.ErrorString(ret))
+			logger.Info("Health: waiting for NVML events failed", "nvml", nvml.ErrorString(ret))
 			continue
 		}
 		if e.EventType != nvml.EventTypeXidCriticalError {
@@ -179,11 +181,11 @@ func (n *NVMLInventory) watchHealth(ctx context.Context, out chan<- HealthEvent,
 		}
 		i := n.eventIndex(e, states)
 		if i < 0 {
-			klog.Warningf("Health: XID %d on an unknown GPU", e.EventData)
+			logger.Info("Health: XID on an unknown GPU", "xid", e.EventData)
 			continue
 		}
 		if !IsCriticalXID(e.EventData) {
-			klog.V(2).Infof("Health: GPU %d reported application XID %d; still healthy", i, e.EventData)
+			logger.V(2).Info("Health: application XID; the GPU stays healthy", "gpu", i, "xid", e.EventData)
 			continue
 		}
 		states[i].lastFault = time.Now()

@@ -52,6 +52,9 @@ type options struct {
 	quietPeriod time.Duration
 	// fakeClique overrides a fake profile's clique (WithFakeClique).
 	fakeClique string
+	// logger logs what calls without a context do (Devices, a fake's
+	// dropped events); klog's global logger unless WithLogger.
+	logger klog.Logger
 }
 
 // Option tunes an inventory.
@@ -74,6 +77,12 @@ func WithHealthProbeInterval(d time.Duration) Option {
 // it healthy again.
 func WithRecoveryQuietPeriod(d time.Duration) Option {
 	return func(o *options) { o.quietPeriod = d }
+}
+
+// WithLogger sets the logger of what the inventory logs outside calls that
+// take a context (Health logs to its context's logger).
+func WithLogger(logger klog.Logger) Option {
+	return func(o *options) { o.logger = logger }
 }
 
 // NewNVML opens the real NVML library. Without libnvidia-ml it returns an error
@@ -99,11 +108,14 @@ func NewNVML(opts ...Option) (*NVMLInventory, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return &NVMLInventory{lib: lib, opts: o}, nil
+	return newInventory(lib, o), nil
 }
 
 // newInventory wraps an already initialised nvml.Interface.
 func newInventory(lib nvml.Interface, o options) *NVMLInventory {
+	if o.logger.GetSink() == nil {
+		o.logger = klog.Background()
+	}
 	return &NVMLInventory{lib: lib, opts: o}
 }
 
@@ -154,14 +166,14 @@ func (n *NVMLInventory) Devices() ([]Device, error) {
 		if ret != nvml.SUCCESS {
 			err := nvmlErr(fmt.Sprintf("getting handle of GPU %d", i), ret)
 			if errors.Is(err, errGPULost) {
-				klog.Warningf("Skipping GPU %d: %v", i, err)
+				n.opts.logger.Info("Skipping a lost GPU", "gpu", i, "err", err)
 				continue
 			}
 			return nil, err
 		}
 		d, err := n.readDevice(h, i)
 		if errors.Is(err, errGPULost) {
-			klog.Warningf("Skipping GPU %d: %v", i, err)
+			n.opts.logger.Info("Skipping a lost GPU", "gpu", i, "err", err)
 			continue
 		}
 		if err != nil {

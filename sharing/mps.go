@@ -215,12 +215,12 @@ func (m *MPSManager) Acquire(ctx context.Context, claimUID, gpuUUID string) (MPS
 	}
 	if err := m.start(ctx, d); err != nil {
 		if rerr := m.inv.SetComputeMode(gpuUUID, gpu.ComputeModeDefault); rerr != nil {
-			klog.ErrorS(rerr, "Restoring compute mode after failed MPS start", "gpu", gpuUUID)
+			klog.FromContext(ctx).Error(rerr, "Restoring compute mode after failed MPS start", "gpu", gpuUUID)
 		}
 		return MPSDaemon{}, err
 	}
 	m.daemons[gpuUUID] = d
-	klog.InfoS("MPS daemon running", "gpu", gpuUUID, "pid", d.pid, "pipeDir", d.pipeDir, "claim", claimUID)
+	klog.FromContext(ctx).Info("MPS daemon running", "gpu", gpuUUID, "pid", d.pid, "pipeDir", d.pipeDir, "claim", claimUID)
 	return d.info(), nil
 }
 
@@ -250,7 +250,7 @@ func (m *MPSManager) Release(ctx context.Context, claimUID, gpuUUID string) erro
 	if err := m.inv.SetComputeMode(gpuUUID, gpu.ComputeModeDefault); err != nil {
 		return fmt.Errorf("MPS on GPU %s stopped, but restoring compute mode DEFAULT failed: %w", gpuUUID, err)
 	}
-	klog.InfoS("MPS daemon stopped", "gpu", gpuUUID, "lastClaim", claimUID)
+	klog.FromContext(ctx).Info("MPS daemon stopped", "gpu", gpuUUID, "lastClaim", claimUID)
 	return nil
 }
 
@@ -270,25 +270,26 @@ func (m *MPSManager) Supervise(ctx context.Context) {
 }
 
 func (m *MPSManager) check(ctx context.Context) {
+	logger := klog.FromContext(ctx)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for uuid, d := range m.daemons {
 		ok, err := m.runner.Alive(ctx, d.spec(), d.pid)
 		if err != nil {
-			klog.ErrorS(err, "Checking MPS daemon; will retry", "gpu", uuid, "pid", d.pid)
+			logger.Error(err, "Checking MPS daemon; will retry", "gpu", uuid, "pid", d.pid)
 			continue
 		}
 		if ok {
 			continue
 		}
-		klog.InfoS("MPS daemon died; starting it again", "gpu", uuid, "pid", d.pid)
+		logger.Info("MPS daemon died; starting it again", "gpu", uuid, "pid", d.pid)
 		m.restarts.Add(1)
 		// The mode may have been reset by whoever killed the daemon.
 		if err := m.inv.SetComputeMode(uuid, gpu.ComputeModeExclusiveProcess); err != nil {
-			klog.ErrorS(err, "Setting compute mode EXCLUSIVE_PROCESS before MPS restart", "gpu", uuid)
+			logger.Error(err, "Setting compute mode EXCLUSIVE_PROCESS before MPS restart", "gpu", uuid)
 		}
 		if err := m.start(ctx, d); err != nil {
-			klog.ErrorS(err, "Restarting MPS daemon; will retry", "gpu", uuid)
+			logger.Error(err, "Restarting MPS daemon; will retry", "gpu", uuid)
 		}
 	}
 }

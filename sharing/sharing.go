@@ -123,7 +123,7 @@ func (m *Manager) Prepare(ctx context.Context, claimUID, gpuUUID string, cfg *v1
 			for other, oiv := range s.claims {
 				if other != claimUID && oiv != iv {
 					// The interval is per GPU: the newest claim's wins.
-					klog.InfoS("Time-slice interval changed by a newer claim", "gpu", gpuUUID, "from", oiv, "to", iv, "claim", claimUID)
+					klog.FromContext(ctx).Info("Time-slice interval changed by a newer claim", "gpu", gpuUUID, "from", oiv, "to", iv, "claim", claimUID)
 					break
 				}
 			}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 
 	"github.com/tessera-gpu/tessera/api/config/v1alpha1"
 	"github.com/tessera-gpu/tessera/gpu"
@@ -202,10 +204,14 @@ func TestMPSSecondGPUGetsOwnDaemonAndDirs(t *testing.T) {
 	assert.Equal(t, 1, m.Daemons())
 }
 
+// TestMPSRestartAfterKill also checks that the manager logs to its
+// callers' context loggers, with the GPU as a key.
 func TestMPSRestartAfterKill(t *testing.T) {
 	h := newHarness(t)
 	m := NewMPSManager(h.inv, h.opts)
-	ctx, cancel := context.WithCancel(context.Background())
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	logs := func() string { return logger.GetSink().(ktesting.Underlier).GetBuffer().String() }
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
 	defer cancel()
 	d, err := m.Acquire(ctx, "claim-a", gpu0)
 	require.NoError(t, err)
@@ -225,8 +231,11 @@ func TestMPSRestartAfterKill(t *testing.T) {
 	<-done
 	// The restarted daemon is the one told to quit.
 	nd, _ := m.Daemon(gpu0)
-	require.NoError(t, m.Release(context.Background(), "claim-a", gpu0))
+	require.NoError(t, m.Release(klog.NewContext(context.Background(), logger), "claim-a", gpu0))
 	assert.False(t, alive(nd.PID))
+	assert.Contains(t, logs(), "INFO MPS daemon running gpu=\""+gpu0+"\" pid=")
+	assert.Contains(t, logs(), "INFO MPS daemon died; starting it again gpu=\""+gpu0+"\" pid=")
+	assert.Contains(t, logs(), "INFO MPS daemon stopped gpu=\""+gpu0+"\" lastClaim=\"claim-a\"")
 }
 
 func TestMPSAdoptsRunningDaemonAfterRestart(t *testing.T) {

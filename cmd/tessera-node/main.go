@@ -160,7 +160,7 @@ func run(ctx context.Context, c config) error {
 	if err != nil {
 		return fmt.Errorf("creating Kubernetes client: %w", err)
 	}
-	inv, fake, err := openInventory(c)
+	inv, fake, err := openInventory(logger, c)
 	if err != nil {
 		return err
 	}
@@ -216,9 +216,9 @@ func run(ctx context.Context, c config) error {
 
 // openInventory opens the node's GPUs: fake ones from --fake-gpus, else
 // NVML's. fake is nil for real GPUs.
-func openInventory(c config) (inv gpu.Inventory, fake *gpu.Fake, err error) {
+func openInventory(logger klog.Logger, c config) (inv gpu.Inventory, fake *gpu.Fake, err error) {
 	if c.fakeGPUs != "" {
-		var opts []gpu.Option
+		opts := []gpu.Option{gpu.WithLogger(logger)}
 		if c.fakeClique != "" {
 			opts = append(opts, gpu.WithFakeClique(c.fakeClique))
 		}
@@ -230,7 +230,7 @@ func openInventory(c config) (inv gpu.Inventory, fake *gpu.Fake, err error) {
 	if c.fakeClique != "" {
 		return nil, nil, errors.New("--fake-clique is for fake GPUs (--fake-gpus); real GPUs report their clique through NVML")
 	}
-	nv, err := gpu.NewNVML()
+	nv, err := gpu.NewNVML(gpu.WithLogger(logger))
 	if err != nil {
 		return nil, nil, fmt.Errorf("NVML (use --fake-gpus on nodes without GPUs): %w", err)
 	}
