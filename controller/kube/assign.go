@@ -172,11 +172,11 @@ func (s *Scheduler) writeAssignment(ctx context.Context, pod *v1.Pod, a assignme
 
 // warnMalformed reports, once per pod and annotation value, that a bound
 // pod's assignment cannot be read and how it is counted.
-func (s *Scheduler) warnMalformed(pod *v1.Pod, value string, err error) {
+func (s *Scheduler) warnMalformed(logger klog.Logger, pod *v1.Pod, value string, err error) {
 	if !s.warnOnce(pod.UID, "malformed", value) {
 		return
 	}
-	klog.ErrorS(err, "Malformed GPU assignment on a bound pod; counting it as holding the GPUs it names (every GPU of its node when none can be read) whole", "pod", klog.KObj(pod), "node", pod.Spec.NodeName)
+	logger.Error(err, "Malformed GPU assignment on a bound pod; counting it as holding the GPUs it names (every GPU of its node when none can be read) whole", "pod", klog.KObj(pod), "node", pod.Spec.NodeName)
 	s.recorder.Eventf(pod, v1.EventTypeWarning, "MalformedAssignment", "%v; Tessera counts the pod as holding the GPUs it names (every GPU of node %s when none can be read) whole", err, pod.Spec.NodeName)
 }
 
@@ -276,11 +276,11 @@ func (g *nodeGPUs) recordOf(uid types.UID) []int {
 // so the pod counts as many GPUs as it asks for. A pod without a record
 // holds its trusted assignment; a malformed one counts conservatively
 // (malformedPlacement); an untrusted one is ignored and reported.
-func (s *Scheduler) devicePluginPlacement(pod *v1.Pod, other map[string]int64, node string, gpus *nodeGPUs) (core.Placement, bool) {
+func (s *Scheduler) devicePluginPlacement(logger klog.Logger, pod *v1.Pod, other map[string]int64, node string, gpus *nodeGPUs) (core.Placement, bool) {
 	rec := gpus.recordOf(pod.UID)
 	pa := readAssignment(pod, other, s.opts.GPUResource)
 	if pa != nil && pa.ignored != "" {
-		s.warnIgnored(pod, pa)
+		s.warnIgnored(logger, pod, pa)
 		pa = nil
 	}
 	trusted := pa != nil && pa.err == nil
@@ -289,7 +289,7 @@ func (s *Scheduler) devicePluginPlacement(pod *v1.Pod, other map[string]int64, n
 		case pa == nil:
 			return core.Placement{}, false
 		case pa.err != nil:
-			s.warnMalformed(pod, pa.value, pa.err)
+			s.warnMalformed(logger, pod, pa.value, pa.err)
 			return malformedPlacement(node, pa.value, gpus), true
 		}
 		return assignmentPlacement(node, pa.a, gpus), true
@@ -299,7 +299,7 @@ func (s *Scheduler) devicePluginPlacement(pod *v1.Pod, other map[string]int64, n
 		want := int(other[s.opts.GPUResource])
 		held = topUp(rec, pa.a.GPUs, want, gpus, pod.UID)
 		if len(rec) >= want && !slices.Equal(rec, pa.a.GPUs) {
-			s.reportDisagreement(pod, node, pa.a.GPUs, rec)
+			s.reportDisagreement(logger, pod, node, pa.a.GPUs, rec)
 		}
 	}
 	pl := assignmentPlacement(node, assignment.Assignment{GPUs: held}, gpus)
@@ -311,7 +311,7 @@ func (s *Scheduler) devicePluginPlacement(pod *v1.Pod, other map[string]int64, n
 
 // boundDevicePluginPlacement is devicePluginPlacement for a bound pod of
 // the snapshot, with its requests from its cached translation.
-func (s *Scheduler) boundDevicePluginPlacement(pod *v1.Pod, e *podEntry, node string, gpus *nodeGPUs) (core.Placement, bool) {
+func (s *Scheduler) boundDevicePluginPlacement(logger klog.Logger, pod *v1.Pod, e *podEntry, node string, gpus *nodeGPUs) (core.Placement, bool) {
 	if pod.Spec.NodeName == "" {
 		return core.Placement{}, false // adopted: bound by the commit, held by its claims
 	}
@@ -321,7 +321,7 @@ func (s *Scheduler) boundDevicePluginPlacement(pod *v1.Pod, e *podEntry, node st
 		// at the maximum (podResources), which is what a bound pod needs.
 		_, _, other, _ = podResources(pod)
 	}
-	return s.devicePluginPlacement(pod, other, node, gpus)
+	return s.devicePluginPlacement(logger, pod, other, node, gpus)
 }
 
 // topUp adds to the recorded GPUs rec the assigned GPUs not recorded yet,
@@ -346,11 +346,11 @@ func topUp(rec, assigned []int, want int, gpus *nodeGPUs, uid types.UID) []int {
 
 // warnIgnored reports, once per pod and annotation value, an assignment
 // the controller does not trust: log, metric, event.
-func (s *Scheduler) warnIgnored(pod *v1.Pod, pa *podAssignment) {
+func (s *Scheduler) warnIgnored(logger klog.Logger, pod *v1.Pod, pa *podAssignment) {
 	if !s.warnOnce(pod.UID, "ignored", pa.value) {
 		return
 	}
-	klog.InfoS("Ignoring the GPU assignment of a pod that does not ask for what it assigns", "pod", klog.KObj(pod), "node", pod.Spec.NodeName,
+	logger.Info("Ignoring the GPU assignment of a pod that does not ask for what it assigns", "pod", klog.KObj(pod), "node", pod.Spec.NodeName,
 		"annotation", AnnotationAssignment, "reason", pa.ignored, "why", pa.why)
 	s.opts.Metrics.assignmentIgnored(pa.ignored)
 	s.recorder.Eventf(pod, v1.EventTypeWarning, "AssignmentIgnored", "annotation %s ignored: %s; Tessera counts no GPU for it", AnnotationAssignment, pa.why)
@@ -359,11 +359,11 @@ func (s *Scheduler) warnIgnored(pod *v1.Pod, pa *podAssignment) {
 // reportDisagreement reports, once per pod and record, that the node
 // records other GPUs for a pod than its assignment: the kubelet chose
 // others. The controller counts the node's.
-func (s *Scheduler) reportDisagreement(pod *v1.Pod, node string, assigned, recorded []int) {
+func (s *Scheduler) reportDisagreement(logger klog.Logger, pod *v1.Pod, node string, assigned, recorded []int) {
 	if !s.warnOnce(pod.UID, "disagree", fmt.Sprint(recorded)) {
 		return
 	}
-	klog.InfoS("The node gave a device-plugin pod other GPUs than its assignment; counting the node's", "pod", klog.KObj(pod), "node", node,
+	logger.Info("The node gave a device-plugin pod other GPUs than its assignment; counting the node's", "pod", klog.KObj(pod), "node", node,
 		"assigned", assigned, "recorded", recorded)
 	s.opts.Metrics.nodeDisagreed()
 }

@@ -15,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/controller/core"
@@ -33,7 +35,7 @@ func fourGPUs(t *testing.T) *nodeGPUs {
 		d.Attributes[draname.AttrUUID] = resourceapi.DeviceAttribute{StringValue: ptr.To(fmt.Sprintf("GPU-%d", i))}
 		sl.Spec.Devices = append(sl.Spec.Devices, d)
 	}
-	g := gpusFromSlices([]*resourceapi.ResourceSlice{sl})
+	g := gpusFromSlices(klog.Background(), []*resourceapi.ResourceSlice{sl})
 	require.Len(t, g.gpus, 4)
 	return g
 }
@@ -148,7 +150,7 @@ func publishedGPUs(t *testing.T, held driver.DevicePluginHeld) *nodeGPUs {
 	node := "n1"
 	sl := &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{Driver: DriverName, NodeName: &node,
 		Pool: resourceapi.ResourcePool{Name: node, Generation: 1, ResourceSliceCount: 1}, Devices: driver.BuildDevicesHeld(devs, nil, held, "")}}
-	g := gpusFromSlices([]*resourceapi.ResourceSlice{sl})
+	g := gpusFromSlices(klog.Background(), []*resourceapi.ResourceSlice{sl})
 	require.Len(t, g.gpus, 8)
 	return g
 }
@@ -222,7 +224,9 @@ func TestDevicePluginPlacement(t *testing.T) {
 			g := publishedGPUs(t, tc.held)
 			_, _, other, err := podResources(pod)
 			require.NoError(t, err)
-			pl, ok := s.devicePluginPlacement(pod, other, "n1", g)
+			logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+			logs := func() string { return logger.GetSink().(ktesting.Underlier).GetBuffer().String() }
+			pl, ok := s.devicePluginPlacement(logger, pod, other, "n1", g)
 			require.Equal(t, tc.wantOK, ok)
 			assert.Equal(t, tc.wantGPUs, pl.GPUs)
 			assert.Equal(t, tc.wantShare, pl.Sharing != "", "a share")
@@ -245,8 +249,22 @@ func TestDevicePluginPlacement(t *testing.T) {
 			default:
 				assert.Equal(t, 1.0, ignored)
 			}
+			// Logged to the cycle's logger, with the pod.
+			wantLog := map[string]string{"AssignmentIgnored": "INFO Ignoring the GPU assignment of a pod",
+				"MalformedAssignment": "ERROR Malformed GPU assignment on a bound pod"}[tc.wantEvent]
+			if tc.wantMetric == "disagree" {
+				wantLog = "INFO The node gave a device-plugin pod other GPUs than its assignment"
+			}
+			if wantLog == "" {
+				assert.Empty(t, logs())
+			} else {
+				assert.Contains(t, logs(), wantLog)
+				assert.Contains(t, logs(), `pod="ns/p" node="n1"`)
+			}
 			// Reported once, not every cycle.
-			s.devicePluginPlacement(pod, other, "n1", g)
+			before := logs()
+			s.devicePluginPlacement(logger, pod, other, "n1", g)
+			assert.Equal(t, before, logs())
 			assert.Empty(t, rec.Events)
 			assert.Equal(t, disagree, counter(t, s.opts.Metrics.nodeDisagreements))
 		})

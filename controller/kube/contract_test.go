@@ -8,6 +8,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/controller/core"
@@ -67,7 +68,7 @@ func TestDriverSliceContract(t *testing.T) {
 		assert.Contains(t, d.Capacity, resourceapi.QualifiedName(draname.CapacityMemory), "device %s", d.Name)
 	}
 
-	g := gpusFromSlices(slices)
+	g := gpusFromSlices(klog.Background(), slices)
 	require.Equal(t, node, g.pool)
 	require.EqualValues(t, 1, g.generation)
 	require.Len(t, g.gpus, 4)

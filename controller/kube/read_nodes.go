@@ -18,7 +18,7 @@ func (b *snapshotBuild) readNodes() error {
 		return fmt.Errorf("listing nodes: %w", err)
 	}
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
-	s.refreshGPUs()
+	s.refreshGPUs(b.logger)
 	for _, n := range nodes {
 		idx.nodes[n.Name] = n
 		g := s.gpuCache[n.Name]

@@ -183,7 +183,7 @@ func (b *snapshotBuild) placeBound(cp *core.Pod, pod *v1.Pod, e *podEntry, nodeN
 	cp.Placement = allocatedPlacement(nodeName, e.claims, idx.gpus[nodeName])
 	// A device-plugin pod holds what its node records, else what
 	// its (trusted) assignment says.
-	if pl, ok := s.boundDevicePluginPlacement(pod, e, nodeName, idx.gpus[nodeName]); ok && !adopted {
+	if pl, ok := s.boundDevicePluginPlacement(b.logger, pod, e, nodeName, idx.gpus[nodeName]); ok && !adopted {
 		cp.Placement = mergePlacements(cp.Placement, pl)
 		if b.assigned[nodeName] == nil {
 			b.assigned[nodeName] = map[int]bool{}

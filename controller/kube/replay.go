@@ -105,7 +105,7 @@ func decisionsOf(res *core.Result, idx *cycleIndex) *Decisions {
 // static listers over d's objects, with d's carried state and clock, and the
 // same core; nothing is written anywhere.
 func Replay(ctx context.Context, d *Dump) (*Decisions, error) {
-	snap, idx, cfg, err := offlineSnapshot(d)
+	snap, idx, cfg, err := offlineSnapshot(ctx, d)
 	if err != nil {
 		return nil, err
 	}
@@ -119,13 +119,13 @@ func Replay(ctx context.Context, d *Dump) (*Decisions, error) {
 
 // SnapshotOf is the core's snapshot of a dump, as Replay builds it.
 func SnapshotOf(d *Dump) (*core.Snapshot, error) {
-	snap, _, _, err := offlineSnapshot(d)
+	snap, _, _, err := offlineSnapshot(context.Background(), d)
 	return snap, err
 }
 
 // offlineSnapshot builds a dump's snapshot with a scheduler that has no
 // client: static listers, the dump's carried state and clock.
-func offlineSnapshot(d *Dump) (*core.Snapshot, *cycleIndex, core.Config, error) {
+func offlineSnapshot(ctx context.Context, d *Dump) (*core.Snapshot, *cycleIndex, core.Config, error) {
 	for i := range d.Objects.Pods {
 		// Translations are cached by UID: a hand-written pod needs one.
 		if p := &d.Objects.Pods[i]; p.UID == "" {
@@ -153,7 +153,7 @@ func offlineSnapshot(d *Dump) (*core.Snapshot, *cycleIndex, core.Config, error) 
 	}
 	s.restoreState(d)
 	s.setView(v)
-	snap, idx, err := s.buildSnapshot(d.Now)
+	snap, idx, err := s.buildSnapshot(ctx, d.Now)
 	if err != nil {
 		return nil, nil, cfg, fmt.Errorf("building snapshot: %w", err)
 	}

@@ -341,7 +341,7 @@ func (s *Scheduler) sliceChanged(obj any) {
 }
 
 // refreshGPUs re-reads the GPUs of nodes whose slices changed.
-func (s *Scheduler) refreshGPUs() {
+func (s *Scheduler) refreshGPUs(logger klog.Logger) {
 	s.dirtyMu.Lock()
 	dirty, all := s.dirtyNodes, s.allDirty
 	s.dirtyNodes, s.allDirty = map[string]bool{}, false
@@ -351,7 +351,7 @@ func (s *Scheduler) refreshGPUs() {
 	}
 	slices, err := s.sliceLister.List(everything)
 	if err != nil {
-		klog.ErrorS(err, "Listing ResourceSlices")
+		logger.Error(err, "Listing ResourceSlices")
 		return
 	}
 	byNode := map[string][]*resourceapi.ResourceSlice{}
@@ -370,7 +370,7 @@ func (s *Scheduler) refreshGPUs() {
 		delete(s.gpuCache, name)
 	}
 	for name, sls := range byNode {
-		s.gpuCache[name] = gpusFromSlices(sls)
+		s.gpuCache[name] = gpusFromSlices(logger, sls)
 	}
 }
 
@@ -504,7 +504,7 @@ func (s *Scheduler) RunOnce(ctx context.Context) error {
 	if frozen != nil {
 		defer s.thaw(frozen)
 	}
-	snap, idx, err := s.buildSnapshot(start)
+	snap, idx, err := s.buildSnapshot(ctx, start)
 	if err != nil {
 		return fmt.Errorf("building snapshot: %w", err)
 	}

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/structured"
+	"k8s.io/klog/v2"
 
 	schedv1 "github.com/tessera-gpu/tessera/api/scheduling/v1alpha1"
 	"github.com/tessera-gpu/tessera/controller/core"
@@ -110,10 +112,11 @@ func (idx *cycleIndex) allocatedState(s *Scheduler) *structured.AllocatedState {
 // buildSnapshot turns the informers' caches into the core's snapshot, in
 // named steps: queues, nodes and their GPUs, claims, pods grouped into jobs,
 // then what holds capacity without a pod of the snapshot to show for it.
-func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, error) {
+func (s *Scheduler) buildSnapshot(ctx context.Context, now time.Time) (*core.Snapshot, *cycleIndex, error) {
 	b := &snapshotBuild{
-		s:   s,
-		now: now,
+		s:      s,
+		logger: klog.FromContext(ctx),
+		now:    now,
 		idx: &cycleIndex{
 			pods:   map[string]*podRef{},
 			nodes:  map[string]*v1.Node{},
@@ -146,10 +149,13 @@ func (s *Scheduler) buildSnapshot(now time.Time) (*core.Snapshot, *cycleIndex, e
 // snapshotBuild is one cycle's reading of the cluster: the snapshot and
 // index being built and what the steps pass on to each other.
 type snapshotBuild struct {
-	s    *Scheduler
-	now  time.Time
-	idx  *cycleIndex
-	snap *core.Snapshot
+	s *Scheduler
+	// logger is the cycle's: what the reading finds wrong is logged, not
+	// failed on.
+	logger klog.Logger
+	now    time.Time
+	idx    *cycleIndex
+	snap   *core.Snapshot
 	// children counts the child queues of each queue: a parent queue holds
 	// no workloads.
 	children map[string]int

@@ -51,7 +51,7 @@ type nodeGPUs struct {
 
 // gpusFromSlices reads the Tessera devices of one node's ResourceSlices. Only
 // the newest generation of a pool counts, as the DRA API specifies.
-func gpusFromSlices(slices []*resourceapi.ResourceSlice) *nodeGPUs {
+func gpusFromSlices(logger klog.Logger, slices []*resourceapi.ResourceSlice) *nodeGPUs {
 	out := &nodeGPUs{byDevice: map[string]int{}, tainted: map[string]bool{}, dpHeld: map[string]string{}, dpPod: map[string]types.UID{}, devices: map[int]*resourceapi.Device{}}
 	for _, s := range slices {
 		if s.Spec.Driver == DriverName && s.Spec.Pool.Generation > out.generation {
@@ -85,7 +85,7 @@ func gpusFromSlices(slices []*resourceapi.ResourceSlice) *nodeGPUs {
 				if err != nil || v == 0 {
 					// The core would refuse it; without it no pod is
 					// placed on a GPU whose size is unknown.
-					klog.InfoS("Leaving out a GPU whose memory capacity Tessera cannot use", "slice", s.Name, "device", d.Name, "memory", c.Value.String())
+					logger.Info("Leaving out a GPU whose memory capacity Tessera cannot use", "slice", s.Name, "device", d.Name, "memory", c.Value.String())
 					continue
 				}
 				g.Memory = v

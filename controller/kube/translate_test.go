@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	gpuconfig "github.com/tessera-gpu/tessera/api/config/v1alpha1"
@@ -45,7 +46,7 @@ func TestGPUsFromSlices(t *testing.T) {
 		Devices: []resourceapi.Device{device(1, "d", true), device(0, "d", false)}}}
 	other := &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{Driver: "other.example.com", NodeName: &node, Pool: resourceapi.ResourcePool{Name: node, Generation: 9},
 		Devices: []resourceapi.Device{{Name: "x"}}}}
-	g := gpusFromSlices([]*resourceapi.ResourceSlice{old, cur, other})
+	g := gpusFromSlices(klog.Background(), []*resourceapi.ResourceSlice{old, cur, other})
 	require.Len(t, g.gpus, 2, "only the newest generation of Tessera's pool counts")
 	assert.Equal(t, 0, g.gpus[0].Index)
 	assert.Equal(t, 1, g.gpus[1].Index)
@@ -83,7 +84,7 @@ func TestGPUsFromSlicesDevicePluginTaint(t *testing.T) {
 			node := "n1"
 			d := device(0, "d", false)
 			d.Taints = tc.taints
-			g := gpusFromSlices([]*resourceapi.ResourceSlice{{Spec: resourceapi.ResourceSliceSpec{Driver: DriverName, NodeName: &node,
+			g := gpusFromSlices(klog.Background(), []*resourceapi.ResourceSlice{{Spec: resourceapi.ResourceSliceSpec{Driver: DriverName, NodeName: &node,
 				Pool: resourceapi.ResourcePool{Name: node, Generation: 1}, Devices: []resourceapi.Device{d}}}})
 			require.Len(t, g.gpus, 1)
 			assert.Equal(t, tc.wantTainted, g.tainted["gpu-0"])
