@@ -91,19 +91,31 @@ func (b *snapshotBuild) readTopologies() {
 	slices.SortFunc(b.snap.Topologies, func(a, c core.Topology) int { return strings.Compare(a.Name, c.Name) })
 }
 
-// upstreamTopology turns an upstream PodGroup's topology key into a
-// required constraint: on the first Topology (by name) that lists the key
-// as a level, else on a one-level topology of the key alone, added to the
-// snapshot once.
-func (b *snapshotBuild) upstreamTopology(key string) *core.TopologyConstraint {
-	for _, t := range b.snap.Topologies {
-		if !strings.HasPrefix(t.Name, upstreamTopologyPrefix) && slices.Contains(t.Levels, key) {
-			return &core.TopologyConstraint{Topology: t.Name, Required: key}
+// UpstreamTopology is the topology an upstream PodGroup's topology key is
+// read against: the first Topology by name that lists the key as a level,
+// else a one-level topology of the key alone, named
+// "scheduling.k8s.io:<key>". The scheduler and `kubectl tessera why` both
+// resolve the key through it.
+func UpstreamTopology(topologies []core.Topology, key string) core.Topology {
+	var found *core.Topology
+	for i, t := range topologies {
+		if !strings.HasPrefix(t.Name, upstreamTopologyPrefix) && slices.Contains(t.Levels, key) && (found == nil || t.Name < found.Name) {
+			found = &topologies[i]
 		}
 	}
-	name := upstreamTopologyPrefix + key
-	if !slices.ContainsFunc(b.snap.Topologies, func(t core.Topology) bool { return t.Name == name }) {
-		b.snap.Topologies = append(b.snap.Topologies, core.Topology{Name: name, Levels: []string{key}})
+	if found != nil {
+		return *found
 	}
-	return &core.TopologyConstraint{Topology: name, Required: key}
+	return core.Topology{Name: upstreamTopologyPrefix + key, Levels: []string{key}}
+}
+
+// upstreamTopology turns an upstream PodGroup's topology key into a
+// required constraint on UpstreamTopology, adding the one-level topology
+// of the key to the snapshot once when no Topology lists it.
+func (b *snapshotBuild) upstreamTopology(key string) *core.TopologyConstraint {
+	t := UpstreamTopology(b.snap.Topologies, key)
+	if !slices.ContainsFunc(b.snap.Topologies, func(c core.Topology) bool { return c.Name == t.Name }) {
+		b.snap.Topologies = append(b.snap.Topologies, t)
+	}
+	return &core.TopologyConstraint{Topology: t.Name, Required: key}
 }

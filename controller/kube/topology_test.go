@@ -96,4 +96,9 @@ func TestUpstreamTopology(t *testing.T) {
 	require.Len(t, b.snap.Topologies, 3)
 	require.Equal(t, []string{"example.com/block"}, b.snap.Topologies[2].Levels)
 	require.NoError(t, core.ValidateTopologyConstraint(*want, b.snap.Topologies))
+	// kubectl tessera why lists Topologies in any order: still the first by
+	// name, and the one-level topology when none lists the key.
+	listed := []core.Topology{b.snap.Topologies[1], b.snap.Topologies[0]}
+	require.Equal(t, "a-net", UpstreamTopology(listed, "example.com/rack").Name)
+	require.Equal(t, core.Topology{Name: "scheduling.k8s.io:example.com/row", Levels: []string{"example.com/row"}}, UpstreamTopology(listed, "example.com/row"))
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sort"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
@@ -33,10 +32,11 @@ func describeGroup(ctx context.Context, c Clients, pod *v1.Pod, out io.Writer) e
 		fmt.Fprintln(out, "Group: none, scheduled alone (tessera.dev/pod-grouper: off).")
 	case kube.AwaitsGrouper(pod):
 		fmt.Fprintf(out, "Group: not yet known; the pod grouper is working out the gang of its %s.\n", ownerWords(pod))
+		return nil // its topology annotations go to the PodGroup the grouper makes
 	default:
 		fmt.Fprintln(out, "Group: none, scheduled alone.")
 	}
-	return nil
+	return describePodTopology(ctx, c, pod, out)
 }
 
 func describeTesseraGroup(ctx context.Context, c Clients, pod *v1.Pod, name string, out io.Writer) error {
@@ -75,80 +75,59 @@ func describeTesseraGroup(ctx context.Context, c Clients, pod *v1.Pod, name stri
 	if cond := meta.FindStatusCondition(pg.Status.Conditions, schedv1.PodGroupConditionScheduled); cond != nil {
 		fmt.Fprintf(out, "  %s=%s (%s): %s\n", cond.Type, cond.Status, cond.Reason, cond.Message)
 	}
-	if pg.Spec.Topology != nil {
-		return describeTopology(ctx, c, pg, out)
-	}
-	return nil
+	return describeGroupTopology(ctx, c, pg, out)
 }
 
-// describeTopology writes a gang's topology constraint and the domains
-// its bound pods are in, at the constraint's narrowest level ("rack
-// b2/r2": the values of that level's label and every broader one).
-func describeTopology(ctx context.Context, c Clients, pg *schedv1.PodGroup, out io.Writer) error {
-	tc := pg.Spec.Topology
-	var want []string
-	for _, l := range []struct{ what, key string }{{"required", tc.Required}, {"preferred", tc.Preferred}} {
-		if l.key != "" {
-			want = append(want, fmt.Sprintf("%s %s (%s)", l.what, shortLevel(l.key), l.key))
-		}
+// describeGroupTopology writes the topology constraints of a Tessera
+// PodGroup and of its subgroups, and the domains their bound pods are in.
+func describeGroupTopology(ctx context.Context, c Clients, pg *schedv1.PodGroup, out io.Writer) error {
+	constrained := pg.Spec.Topology != nil
+	for _, sg := range pg.Spec.SubGroups {
+		constrained = constrained || sg.Topology != nil
 	}
-	fmt.Fprintf(out, "  Topology %s: %s.\n", tc.Name, strings.Join(want, ", "))
-	u, err := c.Dynamic.Resource(kube.TopologyGVR).Get(ctx, tc.Name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		fmt.Fprintf(out, "  Topology %s does not exist: the gang waits until it does.\n", tc.Name)
+	if !constrained {
 		return nil
-	} else if err != nil {
-		return fmt.Errorf("reading Topology %s: %w", tc.Name, err)
 	}
-	topo := &schedv1.Topology{}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, topo); err != nil {
-		return fmt.Errorf("Topology %s: %w", tc.Name, err)
+	v := newTopologyView(ctx, c)
+	pods, err := v.groupPods(pg.Namespace, func(p *v1.Pod) bool { return p.Annotations[kube.AnnotationPodGroup] == pg.Name })
+	if err != nil {
+		return err
 	}
-	level := tc.Preferred
-	if level == "" {
-		level = tc.Required
-	}
-	var keys []string
-	for _, l := range topo.Spec.Levels {
-		keys = append(keys, l.NodeLabel)
-		if l.NodeLabel == level {
-			break
+	if pg.Spec.Topology != nil {
+		if err := v.describe(out, "  ", "  ", "the gang", pg.Spec.Topology, pods); err != nil {
+			return err
 		}
 	}
-	pods, err := c.Kube.CoreV1().Pods(pg.Namespace).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return fmt.Errorf("listing pods: %w", err)
-	}
-	domains := map[string]int{}
-	for _, p := range pods.Items {
-		if p.Annotations[kube.AnnotationPodGroup] != pg.Name || p.Spec.NodeName == "" {
+	for _, sg := range pg.Spec.SubGroups {
+		if sg.Topology == nil {
 			continue
 		}
-		node, err := c.Kube.CoreV1().Nodes().Get(ctx, p.Spec.NodeName, metav1.GetOptions{})
-		if err != nil {
-			return fmt.Errorf("reading node %s: %w", p.Spec.NodeName, err)
+		var in []v1.Pod
+		for _, p := range pods {
+			if p.Annotations[kube.AnnotationPodSubGroup] == sg.Name {
+				in = append(in, p)
+			}
 		}
-		var vals []string
-		for _, k := range keys {
-			vals = append(vals, dash(node.Labels[k]))
+		if err := v.describe(out, "  Subgroup "+sg.Name+": ", "    ", "the gang", sg.Topology, in); err != nil {
+			return err
 		}
-		domains[strings.Join(vals, "/")]++
 	}
-	if len(domains) == 0 {
-		return nil
-	}
-	var in []string
-	for d, n := range domains {
-		in = append(in, fmt.Sprintf("%s %s (%d pods)", shortLevel(level), d, n))
-	}
-	sort.Strings(in)
-	fmt.Fprintf(out, "  Placed in %s.\n", strings.Join(in, ", "))
 	return nil
 }
 
-// shortLevel is a level's name in people's words, as the scheduler's
-// reasons say it: the last path segment of its label key.
-func shortLevel(key string) string { return key[strings.LastIndexByte(key, '/')+1:] }
+// describePodTopology writes the topology annotations of a pod scheduled
+// alone, as the scheduler reads them, and its domain.
+func describePodTopology(ctx context.Context, c Clients, pod *v1.Pod, out io.Writer) error {
+	tc, err := kube.TopologyFromAnnotations(pod.Annotations)
+	if err != nil {
+		fmt.Fprintf(out, "  Topology: %v; the pod waits until that is fixed.\n", err)
+		return nil
+	}
+	if tc == nil {
+		return nil
+	}
+	return newTopologyView(ctx, c).describe(out, "  ", "  ", "the pod", tc, []v1.Pod{*pod})
+}
 
 func describeUpstreamGroup(ctx context.Context, c Clients, ns, name string, out io.Writer) error {
 	pg, err := c.Kube.SchedulingV1beta1().PodGroups(ns).Get(ctx, name, metav1.GetOptions{})
@@ -171,7 +150,23 @@ func describeUpstreamGroup(ctx context.Context, c Clients, ns, name string, out 
 	if len(conds) > 0 {
 		fmt.Fprintf(out, "  Conditions: %s\n", strings.Join(conds, ", "))
 	}
-	return nil
+	sc := pg.Spec.SchedulingConstraints
+	if sc == nil || len(sc.Topology) == 0 {
+		return nil
+	}
+	var keys []string
+	for _, t := range sc.Topology {
+		keys = append(keys, t.Key)
+	}
+	v := newTopologyView(ctx, c)
+	pods, err := v.groupPods(ns, func(p *v1.Pod) bool {
+		g := p.Spec.SchedulingGroup
+		return g != nil && g.PodGroupName != nil && *g.PodGroupName == name
+	})
+	if err != nil {
+		return err
+	}
+	return v.describeUpstream(out, keys, pods)
 }
 
 // ownerWords names a pod's controller: "Job llama".

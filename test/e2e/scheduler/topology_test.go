@@ -194,6 +194,28 @@ func TestTopologyGangs(t *testing.T) {
 	if len(blocks) != 2 {
 		t.Fatalf("preferred-block gang in blocks %v; 7 GPUs fit no block, so it spills over both", blocks)
 	}
+
+	// A single pod's topology annotations: why names them and the pod's
+	// domain, or that the Topology it names is missing.
+	e.createPod(podSpec{name: "solo-missing", claim: &gpuClaim{}, annotations: map[string]string{
+		kube.AnnotationTopology: "nope", kube.AnnotationTopologyPreferred: labelRack}})
+	e.createPod(podSpec{name: "solo", claim: &gpuClaim{}, annotations: map[string]string{
+		kube.AnnotationTopology: "dc", kube.AnnotationTopologyRequired: labelRack}})
+	e.waitBound("solo")
+	var soloRack string
+	for d := range e.domainsOf("solo") {
+		soloRack = d
+	}
+	if got := e.why("solo"); !contains(got, "Group: none, scheduled alone.\n  Topology dc: required rack (example.com/rack).\n  Placed in rack "+soloRack+" (1 pod).") {
+		t.Errorf("kubectl tessera why solo:\n%s", got)
+	}
+	e.eventually("the pod waiting for its Topology", 30*time.Second, func() (bool, string) {
+		got := pendingReason(e.pod("solo-missing"))
+		return contains(got, `topology "nope" does not exist`), got
+	})
+	if got := e.why("solo-missing"); !contains(got, "  Topology nope: preferred rack (example.com/rack).\n  Topology nope does not exist: the pod waits until it does.") {
+		t.Errorf("kubectl tessera why solo-missing:\n%s", got)
+	}
 	e.checkNoDoubleAllocation()
 }
 
@@ -390,6 +412,11 @@ func TestTopologyZonesSubGroup(t *testing.T) {
 			t.Errorf("ps pod in %s, outside the gang's zone z1", d)
 		}
 	}
+	// kubectl tessera why names the gang's zone and the subgroup's rack.
+	if got := e.why(workers[0]); !contains(got, "  Topology dc4: required zone (example.com/zone).\n  Placed in zone z1 (6 pods).\n") ||
+		!contains(got, "  Subgroup workers: Topology dc4: required rack (example.com/rack).\n    Placed in rack z1/b1/r2 (4 pods).\n") {
+		t.Errorf("kubectl tessera why %s:\n%s", workers[0], got)
+	}
 	e.checkNoDoubleAllocation()
 }
 
@@ -437,5 +464,21 @@ func TestUpstreamTopology(t *testing.T) {
 	e.waitBound(gang...)
 	if got := e.domainsOf(gang...); len(got) != 1 || !got["b2/r2"] {
 		t.Fatalf("upstream rack gang placed in %v, want b2/r2 only", got)
+	}
+	// kubectl tessera why names the Topology the key was read against and
+	// the gang's rack.
+	if got := e.why(gang[0]); !contains(got, "  Topology dc: required rack (example.com/rack), from spec.schedulingConstraints.\n  Placed in rack b2/r2 (4 pods).\n") {
+		t.Errorf("kubectl tessera why %s:\n%s", gang[0], got)
+	}
+	// A key no Topology lists is a level of its own.
+	row := pg.DeepCopy()
+	row.Name, row.Spec.SchedulingPolicy.Gang.MinCount = "row", 1
+	row.Spec.SchedulingConstraints.Topology[0].Key = "example.com/row"
+	if _, err := e.Client.SchedulingV1beta1().PodGroups(e.NS).Create(e.Ctx, row, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.createPod(podSpec{name: "row-0", upstreamGroup: "row", claim: &gpuClaim{}})
+	if got := e.why("row-0"); !contains(got, "  Topology: required row (example.com/row), from spec.schedulingConstraints; no Topology lists the key, so it is the only level.") {
+		t.Errorf("kubectl tessera why row-0:\n%s", got)
 	}
 }
