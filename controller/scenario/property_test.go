@@ -818,9 +818,40 @@ func (ck *propChecker) checkCycle(before, after map[string]podView, res *core.Re
 		ck.bad("engine", "no result")
 		return
 	}
-	// Decisions name known pods of the right job, in the right state.
-	boundJobs := map[string][]core.Bind{}
-	var immediate []holder
+	boundJobs, immediate := ck.checkBinds(before, res)
+
+	// 1 and 2 while the victims still hold their capacity: the pods that
+	// held capacity at the cycle's start (victims and moved pods included)
+	// plus the binds that are not pipelined must fit together (SCENARIOS.md:
+	// an evicted pod frees its resources at the end of the cycle, and only
+	// pods placed onto them, which are nominated, may use them).
+	ck.checkCapacity(append(ck.holders(before), immediate...), "before the victims are gone (placed pods + immediate binds)")
+
+	// 6: evictions.
+	stale := false
+	for _, e := range res.Evictions {
+		stale = ck.checkEviction(before, e, boundJobs) || stale
+	}
+
+	// 1–5 on the state the cycle ends in.
+	ck.checkState(after, before, "at the cycle's end")
+
+	ck.checkReclaimRule(before, res)
+	ck.checkHeld(before, res)
+
+	// 9: fair share, on the snapshot the cycle saw (stale-gang evictions
+	// come before fair share, so a cycle with one is skipped; none is
+	// expected anyway).
+	if !stale {
+		ck.checkFairShare(before, res)
+	}
+}
+
+// checkBinds checks that the binds name known pods of the right job, in
+// the right state; it returns the binds by job and what the binds that are
+// not pipelined hold.
+func (ck *propChecker) checkBinds(before map[string]podView, res *core.Result) (boundJobs map[string][]core.Bind, immediate []holder) {
+	boundJobs = map[string][]core.Bind{}
 	for _, b := range res.Binds {
 		p := ck.pods[b.Pod]
 		if p == nil || b.Job != p.job.name {
@@ -846,100 +877,89 @@ func (ck *propChecker) checkCycle(before, after map[string]podView, res *core.Re
 			ck.bad("eviction", "job %s (preemptionPolicy Never) placed pod %s by %s", p.job.name, b.Pod, b.Action)
 		}
 	}
+	return boundJobs, immediate
+}
 
-	// 1 and 2 while the victims still hold their capacity: the pods that
-	// held capacity at the cycle's start (victims and moved pods included)
-	// plus the binds that are not pipelined must fit together (SCENARIOS.md:
-	// an evicted pod frees its resources at the end of the cycle, and only
-	// pods placed onto them, which are nominated, may use them).
-	ck.checkCapacity(append(ck.holders(before), immediate...), "before the victims are gone (placed pods + immediate binds)")
-
-	// 6: evictions.
-	stale := false
-	for _, e := range res.Evictions {
-		p := ck.pods[e.Pod]
-		if p == nil || e.Job != p.job.name {
-			ck.bad("engine", "eviction of unknown pod %s (job %s)", e.Pod, e.Job)
-			continue
+// checkEviction checks one eviction (invariant 6) against the state the
+// cycle started from and its binds by job; stale is true for a stale-gang
+// eviction.
+func (ck *propChecker) checkEviction(before map[string]podView, e core.Eviction, boundJobs map[string][]core.Bind) (stale bool) {
+	p := ck.pods[e.Pod]
+	if p == nil || e.Job != p.job.name {
+		ck.bad("engine", "eviction of unknown pod %s (job %s)", e.Pod, e.Job)
+		return false
+	}
+	if !before[e.Pod].placed() {
+		ck.bad("engine", "eviction of pod %s, which was %s", e.Pod, before[e.Pod].state)
+	}
+	ck.seen["evict "+string(e.Action)]++
+	if before[e.Pod].alt > 0 {
+		ck.seen["evict alternative holder"]++
+	}
+	V := p.job
+	switch e.Action {
+	case core.ActionStaleGang:
+		// Only a gang below minMember for 60 s; the gang invariant
+		// keeps every gang whole, and the runs are shorter than 60 s.
+		ck.bad("eviction", "stale-gang eviction of pod %s of job %s, which was never below its minMember (%q)", e.Pod, V.name, e.Reason)
+		return true
+	case core.ActionAllocate:
+		ck.bad("eviction", "allocate evicted pod %s (allocate never evicts)", e.Pod)
+	case core.ActionReclaim, core.ActionPreempt, core.ActionConsolidate:
+		if !V.preempt {
+			ck.bad("eviction", "pod %s of non-preemptible job %s evicted by %s (%q)", e.Pod, V.name, e.Action, e.Reason)
 		}
-		if !before[e.Pod].placed() {
-			ck.bad("engine", "eviction of pod %s, which was %s", e.Pod, before[e.Pod].state)
-		}
-		ck.seen["evict "+string(e.Action)]++
-		if before[e.Pod].alt > 0 {
-			ck.seen["evict alternative holder"]++
-		}
-		V := p.job
-		// The job the reason names, if it names one the scenario has.
-		var X *pgJob
-		if m := reasonJob.FindStringSubmatch(e.Reason); m != nil {
-			X = ck.jobs[m[1]]
-		}
-		evictFor := func(what string, ok func(J *pgJob) bool) {
-			found := false
-			for _, J := range ck.sc.jobs {
-				for _, b := range boundJobs[J.name] {
-					if b.Action == e.Action && ok(J) {
-						found = true
-					}
-				}
-			}
-			if !found {
-				ck.bad("eviction", "pod %s of job %s evicted by %s, but no job that %s placed a pod by %s this cycle (%q)", e.Pod, V.name, e.Action, what, e.Action, e.Reason)
-			}
-			if X != nil {
-				if !ok(X) {
-					ck.bad("eviction", "pod %s of job %s (queue %s, priority %d) evicted by %s for job %s (queue %s, priority %d), which is not a job that %s", e.Pod, V.name, V.queue.name, V.prio, e.Action, X.name, X.queue.name, X.prio, what)
-				}
-				if len(boundJobs[X.name]) == 0 {
-					ck.bad("eviction", "pod %s evicted by %s for job %s, which placed nothing this cycle (%q)", e.Pod, e.Action, X.name, e.Reason)
-				}
-				if X.never {
-					ck.bad("eviction", "pod %s evicted by %s for job %s, whose preemptionPolicy is Never", e.Pod, e.Action, X.name)
-				}
-			}
+		if (e.MoveTo != nil) != (e.Action == core.ActionConsolidate) {
+			ck.bad("eviction", "pod %s evicted by %s with MoveTo %v: only consolidation moves, and it re-places every pod it moves", e.Pod, e.Action, e.MoveTo)
 		}
 		switch e.Action {
-		case core.ActionStaleGang:
-			// Only a gang below minMember for 60 s; the gang invariant
-			// keeps every gang whole, and the runs are shorter than 60 s.
-			stale = true
-			ck.bad("eviction", "stale-gang eviction of pod %s of job %s, which was never below its minMember (%q)", e.Pod, V.name, e.Reason)
-		case core.ActionAllocate:
-			ck.bad("eviction", "allocate evicted pod %s (allocate never evicts)", e.Pod)
-		case core.ActionReclaim, core.ActionPreempt, core.ActionConsolidate:
-			if !V.preempt {
-				ck.bad("eviction", "pod %s of non-preemptible job %s evicted by %s (%q)", e.Pod, V.name, e.Action, e.Reason)
-			}
-			if (e.MoveTo != nil) != (e.Action == core.ActionConsolidate) {
-				ck.bad("eviction", "pod %s evicted by %s with MoveTo %v: only consolidation moves, and it re-places every pod it moves", e.Pod, e.Action, e.MoveTo)
-			}
-			switch e.Action {
-			case core.ActionPreempt:
-				evictFor(fmt.Sprintf("is in leaf queue %s with a priority above %d", V.queue.name, V.prio), func(J *pgJob) bool {
-					return J.queue == V.queue && J.prio > V.prio
-				})
-			case core.ActionReclaim:
-				evictFor(fmt.Sprintf("is in another queue than %s", V.queue.name), func(J *pgJob) bool { return J.queue != V.queue })
-			default:
-				evictFor("has pods to place", func(*pgJob) bool { return true })
-			}
+		case core.ActionPreempt:
+			ck.checkEvictedFor(e, V, boundJobs, fmt.Sprintf("is in leaf queue %s with a priority above %d", V.queue.name, V.prio), func(J *pgJob) bool {
+				return J.queue == V.queue && J.prio > V.prio
+			})
+		case core.ActionReclaim:
+			ck.checkEvictedFor(e, V, boundJobs, fmt.Sprintf("is in another queue than %s", V.queue.name), func(J *pgJob) bool { return J.queue != V.queue })
 		default:
-			ck.bad("eviction", "pod %s evicted by unknown action %q", e.Pod, e.Action)
+			ck.checkEvictedFor(e, V, boundJobs, "has pods to place", func(*pgJob) bool { return true })
+		}
+	default:
+		ck.bad("eviction", "pod %s evicted by unknown action %q", e.Pod, e.Action)
+	}
+	return false
+}
+
+// checkEvictedFor checks that eviction e of a pod of job V was made for a
+// job that ok accepts (what says which) and that placed pods by e's action
+// this cycle: some such job, and the one e's reason names, if it names one
+// the scenario has.
+func (ck *propChecker) checkEvictedFor(e core.Eviction, V *pgJob, boundJobs map[string][]core.Bind, what string, ok func(J *pgJob) bool) {
+	found := false
+	for _, J := range ck.sc.jobs {
+		for _, b := range boundJobs[J.name] {
+			if b.Action == e.Action && ok(J) {
+				found = true
+			}
 		}
 	}
-
-	// 1–5 on the state the cycle ends in.
-	ck.checkState(after, before, "at the cycle's end")
-
-	ck.checkReclaimRule(before, res)
-	ck.checkHeld(before, res)
-
-	// 9: fair share, on the snapshot the cycle saw (stale-gang evictions
-	// come before fair share, so a cycle with one is skipped; none is
-	// expected anyway).
-	if !stale {
-		ck.checkFairShare(before, res)
+	if !found {
+		ck.bad("eviction", "pod %s of job %s evicted by %s, but no job that %s placed a pod by %s this cycle (%q)", e.Pod, V.name, e.Action, what, e.Action, e.Reason)
+	}
+	m := reasonJob.FindStringSubmatch(e.Reason)
+	if m == nil {
+		return
+	}
+	X := ck.jobs[m[1]]
+	if X == nil {
+		return
+	}
+	if !ok(X) {
+		ck.bad("eviction", "pod %s of job %s (queue %s, priority %d) evicted by %s for job %s (queue %s, priority %d), which is not a job that %s", e.Pod, V.name, V.queue.name, V.prio, e.Action, X.name, X.queue.name, X.prio, what)
+	}
+	if len(boundJobs[X.name]) == 0 {
+		ck.bad("eviction", "pod %s evicted by %s for job %s, which placed nothing this cycle (%q)", e.Pod, e.Action, X.name, e.Reason)
+	}
+	if X.never {
+		ck.bad("eviction", "pod %s evicted by %s for job %s, whose preemptionPolicy is Never", e.Pod, e.Action, X.name)
 	}
 }
 
@@ -963,14 +983,90 @@ func (ck *propChecker) checkHeld(before map[string]podView, res *core.Result) {
 		}
 		owner[e.Pod] = m[1]
 	}
-	type place struct {
-		pod   *pgPod
-		node  string
-		gpus  []int
-		owner string // the job the placement is for
+	used, pool := ck.heldAtStart(before, owner)
+	demand, order := ck.heldDemand(ck.heldPlaces(res, owner))
+	for _, k := range order {
+		n := ck.nodes[k.node]
+		var need int64
+		for o, d := range demand[k] {
+			need += max(0, d-pool[k][o])
+		}
+		if free := k.capacity(n) - used[k]; need > free {
+			what := map[int]string{cpuDim: "CPU", memDim: "memory"}[k.dim]
+			if k.dim >= 0 {
+				what = fmt.Sprintf("GPU %d", k.dim)
+			}
+			ck.bad("held", "%s of %s: this cycle's placements need more than was free at its start plus what their own jobs' victims held there (placed by job %v, victims' by job %v, free %d; GPU units: milli × GPU bytes)",
+				what, k.node, demand[k], pool[k], free)
+		}
 	}
-	var places []place
-	// The request each placement holds (a moved pod keeps the one it held).
+}
+
+// The dimensions checkHeld counts: one GPU, a node's CPU, its memory.
+const gpuDim, cpuDim, memDim = -1, -2, -3
+
+// heldKey is one GPU of a node or the node's CPU or memory.
+type heldKey struct {
+	node string
+	dim  int // a GPU index, or cpuDim, memDim
+}
+
+func heldKeys(node string, gpus []int) []heldKey {
+	ks := []heldKey{{node, cpuDim}, {node, memDim}}
+	for _, g := range gpus {
+		ks = append(ks, heldKey{node, g})
+	}
+	return ks
+}
+
+// kind is k's dimension: gpuDim for any GPU.
+func (k heldKey) kind() int {
+	if k.dim < 0 {
+		return k.dim
+	}
+	return gpuDim
+}
+
+func (k heldKey) capacity(n *pgNode) int64 {
+	switch k.dim {
+	case cpuDim:
+		return n.cpu
+	case memDim:
+		return n.mem
+	}
+	return 1000 * n.gpuMem
+}
+
+// heldUse is what p takes of one GPU of n, in milli × the GPU's bytes (a
+// whole pod takes all of it), or of the node's CPU or memory.
+func heldUse(p *pgPod, n *pgNode, dim int) int64 {
+	switch dim {
+	case cpuDim:
+		return p.cpu
+	case memDim:
+		return p.mem
+	}
+	switch {
+	case p.milli > 0:
+		return p.milli * n.gpuMem
+	case p.gmem > 0:
+		return p.gmem * 1000
+	}
+	return 1000 * n.gpuMem
+}
+
+// heldPlace is one placement of the cycle (a bind or a move) and the job
+// it is for.
+type heldPlace struct {
+	pod   *pgPod
+	node  string
+	gpus  []int
+	owner string
+}
+
+// heldPlaces are the cycle's binds and moves, each with the request it
+// holds (a moved pod keeps the one it held).
+func (ck *propChecker) heldPlaces(res *core.Result, owner map[string]string) []heldPlace {
 	heldAs := func(name string, alt int) *pgPod {
 		if p := ck.pods[name]; p != nil {
 			q, _ := p.as(alt) // a bad alternative is reported by the capacity check
@@ -978,60 +1074,22 @@ func (ck *propChecker) checkHeld(before map[string]podView, res *core.Result) {
 		}
 		return nil
 	}
+	var places []heldPlace
 	for _, b := range res.Binds {
-		places = append(places, place{pod: heldAs(b.Pod, b.Placement.Alternative), node: b.Placement.Node, gpus: b.Placement.GPUs, owner: b.Job})
+		places = append(places, heldPlace{pod: heldAs(b.Pod, b.Placement.Alternative), node: b.Placement.Node, gpus: b.Placement.GPUs, owner: b.Job})
 	}
 	for _, e := range res.Evictions {
 		if e.MoveTo != nil {
-			places = append(places, place{pod: heldAs(e.Pod, e.MoveTo.Alternative), node: e.MoveTo.Node, gpus: e.MoveTo.GPUs, owner: owner[e.Pod]})
+			places = append(places, heldPlace{pod: heldAs(e.Pod, e.MoveTo.Alternative), node: e.MoveTo.Node, gpus: e.MoveTo.GPUs, owner: owner[e.Pod]})
 		}
 	}
-	// use is what p takes of one GPU of n, in milli × the GPU's bytes (a
-	// whole pod takes all of it), or of the node's CPU or memory.
-	const gpuDim, cpuDim, memDim = -1, -2, -3
-	use := func(p *pgPod, n *pgNode, dim int) int64 {
-		switch dim {
-		case cpuDim:
-			return p.cpu
-		case memDim:
-			return p.mem
-		}
-		switch {
-		case p.milli > 0:
-			return p.milli * n.gpuMem
-		case p.gmem > 0:
-			return p.gmem * 1000
-		}
-		return 1000 * n.gpuMem
-	}
-	type key struct {
-		node string
-		dim  int // a GPU index, or cpuDim, memDim
-	}
-	capacity := func(k key, n *pgNode) int64 {
-		switch k.dim {
-		case cpuDim:
-			return n.cpu
-		case memDim:
-			return n.mem
-		}
-		return 1000 * n.gpuMem
-	}
-	keysOf := func(node string, gpus []int) []key {
-		ks := []key{{node, cpuDim}, {node, memDim}}
-		for _, g := range gpus {
-			ks = append(ks, key{node, g})
-		}
-		return ks
-	}
-	dimOf := func(k key) int {
-		if k.dim < 0 {
-			return k.dim
-		}
-		return gpuDim
-	}
-	used := map[key]int64{}
-	pool := map[key]map[string]int64{}
+	return places
+}
+
+// heldAtStart is what the placed pods held at the cycle's start (used) and,
+// of that, what the victims held, by the job their eviction was for (pool).
+func (ck *propChecker) heldAtStart(before map[string]podView, owner map[string]string) (used map[heldKey]int64, pool map[heldKey]map[string]int64) {
+	used, pool = map[heldKey]int64{}, map[heldKey]map[string]int64{}
 	for _, j := range ck.sc.jobs {
 		for _, p := range j.pods {
 			v := before[p.name]
@@ -1040,8 +1098,8 @@ func (ck *propChecker) checkHeld(before map[string]podView, res *core.Result) {
 				continue
 			}
 			hp, _ := p.as(v.alt)
-			for _, k := range keysOf(v.node, v.gpus) {
-				u := use(hp, n, dimOf(k))
+			for _, k := range heldKeys(v.node, v.gpus) {
+				u := heldUse(hp, n, k.kind())
 				used[k] += u
 				if o, ok := owner[p.name]; ok {
 					if pool[k] == nil {
@@ -1052,36 +1110,27 @@ func (ck *propChecker) checkHeld(before map[string]podView, res *core.Result) {
 			}
 		}
 	}
-	demand := map[key]map[string]int64{}
-	var order []key
+	return used, pool
+}
+
+// heldDemand is what the placements take, per key and job, with the keys
+// in the order the placements first take them.
+func (ck *propChecker) heldDemand(places []heldPlace) (demand map[heldKey]map[string]int64, order []heldKey) {
+	demand = map[heldKey]map[string]int64{}
 	for _, pl := range places {
 		n := ck.nodes[pl.node]
 		if pl.pod == nil || n == nil {
 			continue // reported elsewhere
 		}
-		for _, k := range keysOf(pl.node, pl.gpus) {
+		for _, k := range heldKeys(pl.node, pl.gpus) {
 			if demand[k] == nil {
 				demand[k] = map[string]int64{}
 				order = append(order, k)
 			}
-			demand[k][pl.owner] += use(pl.pod, n, dimOf(k))
+			demand[k][pl.owner] += heldUse(pl.pod, n, k.kind())
 		}
 	}
-	for _, k := range order {
-		n := ck.nodes[k.node]
-		var need int64
-		for o, d := range demand[k] {
-			need += max(0, d-pool[k][o])
-		}
-		if free := capacity(k, n) - used[k]; need > free {
-			what := map[int]string{cpuDim: "CPU", memDim: "memory"}[k.dim]
-			if k.dim >= 0 {
-				what = fmt.Sprintf("GPU %d", k.dim)
-			}
-			ck.bad("held", "%s of %s: this cycle's placements need more than was free at its start plus what their own jobs' victims held there (placed by job %v, victims' by job %v, free %d; GPU units: milli × GPU bytes)",
-				what, k.node, demand[k], pool[k], free)
-		}
-	}
+	return demand, order
 }
 
 // checkReclaimRule is DESIGN.md's reclaim rule, checked on the state right
@@ -1332,131 +1381,152 @@ type fairOracle struct {
 
 // share is the oracle: each queue's fair share of r, and its demand.
 func (o fairOracle) share(queues []*pgQueue, r int, capacity int64, leafDemand map[*pgQueue]int64) (share, demand map[*pgQueue]int64) {
-	demand = map[*pgQueue]int64{}
-	var dem func(q *pgQueue) int64
-	dem = func(q *pgQueue) int64 {
-		d := leafDemand[q]
-		if !q.leaf() {
-			d = 0
-			for _, k := range q.kids {
-				d += dem(k)
-			}
-		}
-		if l := o.res(q)[r].limit; l != -1 {
-			d = min(d, l)
-		}
-		demand[q] = d
-		return d
-	}
+	d := &fairDivision{o: o, r: r, leafDemand: leafDemand, demand: map[*pgQueue]int64{}, share: map[*pgQueue]int64{}}
 	var tops []*pgQueue
 	for _, q := range queues {
 		if q.parent == nil {
 			tops = append(tops, q)
-			dem(q)
+			d.demandOf(q)
 		}
 	}
-	share = map[*pgQueue]int64{}
-	var divide func(S int64, kids []*pgQueue)
-	divide = func(S int64, kids []*pgQueue) {
-		kids = slices.Clone(kids)
-		slices.SortFunc(kids, func(a, b *pgQueue) int { return cmp.Compare(a.name, b.name) })
-		got := make([]int64, len(kids))
-		var sum int64
-		for i, k := range kids {
-			got[i] = demand[k]
-			if qu := o.res(k)[r].quota; qu != -1 {
-				got[i] = min(got[i], qu)
-			}
-			sum += got[i]
-		}
-		rest := S - sum
-		if sum > S {
-			want := slices.Clone(got)
-			var given int64
-			for i := range got {
-				got[i] = pgMulDiv(want[i], S, sum)
-				given += got[i]
-			}
-			for given < S {
-				for i := range got {
-					if given < S && got[i] < want[i] {
-						got[i]++
-						given++
-					}
-				}
-			}
-			rest = 0
-		}
-		var prios []int
-		for _, k := range kids {
-			prios = append(prios, k.prio)
-		}
-		slices.Sort(prios)
-		prios = slices.Compact(prios)
-		plain := make([]int64, len(kids))
-		for i, k := range kids {
-			plain[i] = o.res(k)[r].weight
-		}
-		weights, history := o.historyWeights(kids, plain)
-		// fill water-fills rest among the children of priority p with a
-		// weight above 0 that want more.
-		fill := func(p int, w []int64) {
-			var act []int
-			for i, k := range kids {
-				if k.prio == p && w[i] > 0 && got[i] < demand[k] {
-					act = append(act, i)
-				}
-			}
-			for len(act) > 0 && rest > 0 {
-				var W int64
-				for _, i := range act {
-					W += w[i]
-				}
-				// The child with the least need per unit of weight is
-				// filled first if its proportional part covers its need.
-				best := act[0]
-				for _, i := range act[1:] {
-					ni, nb := demand[kids[i]]-got[i], demand[kids[best]]-got[best]
-					if pgLess(ni, w[best], nb, w[i]) {
-						best = i
-					}
-				}
-				need := demand[kids[best]] - got[best]
-				if !pgLess(rest, w[best], need, W) { // need/w ≤ rest/W
-					got[best] += need
-					rest -= need
-					act = slices.DeleteFunc(act, func(i int) bool { return i == best })
-					continue
-				}
-				var given int64
-				for _, i := range act {
-					x := pgMulDiv(rest, w[i], W)
-					got[i] += x
-					given += x
-				}
-				for _, i := range act { // leftover units in name order
-					if given == rest {
-						break
-					}
-					got[i]++
-					given++
-				}
-				rest = 0
-			}
-		}
-		for pi := len(prios) - 1; pi >= 0 && rest > 0; pi-- {
-			fill(prios[pi], weights)
-			if history {
-				fill(prios[pi], plain)
-			}
-		}
-		for i, k := range kids {
-			share[k] = got[i]
-			divide(got[i], k.kids)
+	d.divide(capacity, tops)
+	return d.share, d.demand
+}
+
+// fairDivision is one run of the oracle on resource r.
+type fairDivision struct {
+	o             fairOracle
+	r             int
+	leafDemand    map[*pgQueue]int64
+	demand, share map[*pgQueue]int64
+}
+
+// demandOf computes the demand of q and its subtree: a leaf's own, a
+// parent's the sum of its children's, capped at the queue's limit.
+func (d *fairDivision) demandOf(q *pgQueue) int64 {
+	dq := d.leafDemand[q]
+	if !q.leaf() {
+		dq = 0
+		for _, k := range q.kids {
+			dq += d.demandOf(k)
 		}
 	}
-	divide(capacity, tops)
-	return share, demand
+	if l := d.o.res(q)[d.r].limit; l != -1 {
+		dq = min(dq, l)
+	}
+	d.demand[q] = dq
+	return dq
+}
+
+// divide divides S among kids (guarantees, then the rest by priority and
+// weight), and each child's share among its own children.
+func (d *fairDivision) divide(S int64, kids []*pgQueue) {
+	kids = slices.Clone(kids)
+	slices.SortFunc(kids, func(a, b *pgQueue) int { return cmp.Compare(a.name, b.name) })
+	got, rest := d.guarantees(S, kids)
+	var prios []int
+	for _, k := range kids {
+		prios = append(prios, k.prio)
+	}
+	slices.Sort(prios)
+	prios = slices.Compact(prios)
+	plain := make([]int64, len(kids))
+	for i, k := range kids {
+		plain[i] = d.o.res(k)[d.r].weight
+	}
+	weights, history := d.o.historyWeights(kids, plain)
+	for pi := len(prios) - 1; pi >= 0 && rest > 0; pi-- {
+		rest = d.fill(kids, got, rest, prios[pi], weights)
+		if history {
+			rest = d.fill(kids, got, rest, prios[pi], plain)
+		}
+	}
+	for i, k := range kids {
+		d.share[k] = got[i]
+		d.divide(got[i], k.kids)
+	}
+}
+
+// guarantees gives each child min(quota, demand), scaled down in
+// proportion when those exceed S (leftover units one at a time in name
+// order); rest is what is left of S.
+func (d *fairDivision) guarantees(S int64, kids []*pgQueue) (got []int64, rest int64) {
+	got = make([]int64, len(kids))
+	var sum int64
+	for i, k := range kids {
+		got[i] = d.demand[k]
+		if qu := d.o.res(k)[d.r].quota; qu != -1 {
+			got[i] = min(got[i], qu)
+		}
+		sum += got[i]
+	}
+	if sum <= S {
+		return got, S - sum
+	}
+	want := slices.Clone(got)
+	var given int64
+	for i := range got {
+		got[i] = pgMulDiv(want[i], S, sum)
+		given += got[i]
+	}
+	for given < S {
+		for i := range got {
+			if given < S && got[i] < want[i] {
+				got[i]++
+				given++
+			}
+		}
+	}
+	return got, 0
+}
+
+// fill water-fills rest among the children of priority p with a weight
+// above 0 (in w) that want more, adding to got; it returns what is left.
+func (d *fairDivision) fill(kids []*pgQueue, got []int64, rest int64, p int, w []int64) int64 {
+	demand := d.demand
+	var act []int
+	for i, k := range kids {
+		if k.prio == p && w[i] > 0 && got[i] < demand[k] {
+			act = append(act, i)
+		}
+	}
+	for len(act) > 0 && rest > 0 {
+		var W int64
+		for _, i := range act {
+			W += w[i]
+		}
+		// The child with the least need per unit of weight is
+		// filled first if its proportional part covers its need.
+		best := act[0]
+		for _, i := range act[1:] {
+			ni, nb := demand[kids[i]]-got[i], demand[kids[best]]-got[best]
+			if pgLess(ni, w[best], nb, w[i]) {
+				best = i
+			}
+		}
+		need := demand[kids[best]] - got[best]
+		if !pgLess(rest, w[best], need, W) { // need/w ≤ rest/W
+			got[best] += need
+			rest -= need
+			act = slices.DeleteFunc(act, func(i int) bool { return i == best })
+			continue
+		}
+		var given int64
+		for _, i := range act {
+			x := pgMulDiv(rest, w[i], W)
+			got[i] += x
+			given += x
+		}
+		for _, i := range act { // leftover units in name order
+			if given == rest {
+				break
+			}
+			got[i]++
+			given++
+		}
+		rest = 0
+	}
+	return rest
 }
 
 // historyWeights is the children's over-quota weights with history, and
