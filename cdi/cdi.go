@@ -89,6 +89,9 @@ type Options struct {
 	// DriverFiles overrides discovery of driver libraries and binaries (real
 	// mode only); nil means DiscoverDriverFiles(DriverRoot).
 	DriverFiles *DriverFiles
+	// Logger logs what the writer does (specs written and removed); klog's
+	// global logger when unset. The driver passes its own.
+	Logger klog.Logger
 }
 
 // Device is one GPU of a claim to expose to containers.
@@ -133,6 +136,9 @@ func New(opts Options) (*Writer, error) {
 	if opts.HostDriverRoot == "" {
 		opts.HostDriverRoot = "/"
 	}
+	if opts.Logger.GetSink() == nil {
+		opts.Logger = klog.Background()
+	}
 	if err := os.MkdirAll(opts.Root, 0o755); err != nil {
 		return nil, fmt.Errorf("creating CDI spec directory %s: %w", opts.Root, err)
 	}
@@ -147,7 +153,7 @@ func New(opts Options) (*Writer, error) {
 			}
 			w.files = files
 		}
-		klog.InfoS("CDI driver files", "libraries", len(w.files.Libraries), "binaries", len(w.files.Binaries), "ldcacheHook", w.files.LdcacheHook != "")
+		w.opts.Logger.Info("CDI driver files", "libraries", len(w.files.Libraries), "binaries", len(w.files.Binaries), "ldcacheHook", w.files.LdcacheHook != "")
 	}
 	return w, nil
 }
@@ -188,7 +194,7 @@ func (w *Writer) Write(c Claim) ([]string, error) {
 	if err := w.writeSpec(spec, SpecName(c.UID)); err != nil {
 		return nil, fmt.Errorf("writing CDI spec for claim %s/%s (%s): %w", c.Namespace, c.Name, c.UID, err)
 	}
-	klog.V(2).InfoS("Wrote CDI spec", "claim", klog.KRef(c.Namespace, c.Name), "uid", c.UID, "path", w.SpecPath(c.UID), "devices", ids)
+	w.opts.Logger.V(2).Info("Wrote CDI spec", "claim", klog.KRef(c.Namespace, c.Name), "uid", c.UID, "path", w.SpecPath(c.UID), "devices", ids)
 	return ids, nil
 }
 
@@ -200,7 +206,7 @@ func (w *Writer) Remove(claimUID string) error {
 	if err := os.Remove(w.SpecPath(claimUID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("removing CDI spec of claim %s: %w", claimUID, err)
 	}
-	klog.V(2).InfoS("Removed CDI spec", "uid", claimUID)
+	w.opts.Logger.V(2).Info("Removed CDI spec", "uid", claimUID)
 	return nil
 }
 

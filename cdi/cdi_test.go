@@ -9,6 +9,7 @@ import (
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/klog/v2/ktesting"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/tessera-gpu/tessera/api/config/v1alpha1"
@@ -137,7 +138,8 @@ func TestActiveThreadPercentage(t *testing.T) {
 
 func TestIdempotentRemoveList(t *testing.T) {
 	root := t.TempDir()
-	w, err := New(Options{Root: root, Fake: true})
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true), ktesting.Verbosity(2)))
+	w, err := New(Options{Root: root, Fake: true, Logger: logger})
 	require.NoError(t, err)
 	claim := func(uid string) Claim {
 		return Claim{UID: uid, Namespace: "ns", Name: "n", Devices: []Device{{Request: "gpu", GPU: h100(0)}}}
@@ -176,6 +178,10 @@ func TestIdempotentRemoveList(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"a-uid"}, uids)
 	assert.Error(t, w.Remove(""))
+	// Logged to the writer's logger (Options.Logger).
+	logs := logger.GetSink().(ktesting.Underlier).GetBuffer().String()
+	assert.Contains(t, logs, `INFO Wrote CDI spec claim="ns/n" uid="b-uid"`)
+	assert.Contains(t, logs, `INFO Removed CDI spec uid="b-uid"`)
 
 	// A new Writer (a restarted node agent) sees the same specs.
 	w2, err := New(Options{Root: root, Fake: true})

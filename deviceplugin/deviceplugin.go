@@ -287,7 +287,7 @@ func (m *Manager) socketsMissing() bool {
 
 func (m *Manager) serveAndRegister(ctx context.Context, kubeletSock string) error {
 	for _, p := range m.plugins {
-		if err := p.serve(); err != nil {
+		if err := p.serve(ctx); err != nil {
 			return err
 		}
 	}
@@ -361,7 +361,8 @@ type plugin struct {
 }
 
 // serve (re)starts the plugin's gRPC server on its socket.
-func (p *plugin) serve() error {
+func (p *plugin) serve(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
 	p.stop()
 	if err := os.Remove(p.socket); err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("device plugin %s: removing old socket: %w", p.resource, err)
@@ -377,7 +378,7 @@ func (p *plugin) serve() error {
 	p.mu.Unlock()
 	go func() {
 		if err := srv.Serve(lis); err != nil {
-			klog.ErrorS(err, "Device plugin server stopped", "resource", p.resource)
+			logger.Error(err, "Device plugin server stopped", "resource", p.resource)
 		}
 	}()
 	return nil

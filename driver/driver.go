@@ -160,7 +160,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		d.devices[DeviceName(g.Index)] = g
 		d.byUUID[g.UUID] = g
 	}
-	mps, err := d.newSharing()
+	mps, err := d.newSharing(logger)
 	if err != nil {
 		return nil, err
 	}
@@ -249,8 +249,11 @@ func (opts *Options) complete() error {
 
 // newSharing sets up CDI, the sharing manager (with MPS when configured)
 // and the metrics that read them.
-func (d *Driver) newSharing() (*sharing.MPSManager, error) {
+func (d *Driver) newSharing(logger klog.Logger) (*sharing.MPSManager, error) {
 	opts := d.opts
+	if opts.CDI.Logger.GetSink() == nil {
+		opts.CDI.Logger = logger
+	}
 	var err error
 	if d.cdi, err = cdi.New(opts.CDI); err != nil {
 		return nil, fmt.Errorf("CDI: %w", err)
