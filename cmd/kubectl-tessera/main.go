@@ -23,11 +23,6 @@ func main() {
 	var namespace string
 	fs.StringVar(&namespace, "namespace", "", "namespace of the pod for why (default: the context's)")
 	fs.StringVar(&namespace, "n", "", "shorthand for --namespace")
-	var shadow ctl.ShadowOptions
-	fs.StringVar(&shadow.Output, "o", "", "output of shadow: a table, or json")
-	fs.StringVar(&shadow.Output, "output", "", "same as -o")
-	fs.StringVar(&shadow.URL, "url", "", "shadow: read the report from this address (http://host:port/shadow) instead of the controller's metrics Service")
-	fs.StringVar(&shadow.Namespace, "controller-namespace", ctl.DefaultControllerNamespace, "shadow: namespace of tessera-controller's metrics Service")
 	fs.Usage = func() { fmt.Fprint(os.Stderr, ctl.Usage) }
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
@@ -37,9 +32,9 @@ func main() {
 	var rest []string
 	for len(args) > 0 {
 		rest = append(rest, args[0])
-		if rest[0] == "snapshot" {
-			// snapshot parses its own flags (-o, --address, ...): the
-			// plugin's own go before the command.
+		if rest[0] == "snapshot" || rest[0] == "shadow" {
+			// snapshot and shadow parse their own flags (-o, --address,
+			// ...): the plugin's own go before the command.
 			rest = append(rest, args[1:]...)
 			break
 		}
@@ -70,7 +65,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := ctl.Run(ctx, ctl.Clients{Kube: kc, Dynamic: dc, Namespace: namespace, Shadow: shadow, RestConfig: cfg}, rest, os.Stdout); err != nil {
+	if err := ctl.Run(ctx, ctl.Clients{Kube: kc, Dynamic: dc, Namespace: namespace, RestConfig: cfg}, rest, os.Stdout); err != nil {
 		fail(err)
 	}
 }

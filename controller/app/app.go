@@ -66,7 +66,7 @@ type Config struct {
 	Usage *kube.UsageOptions
 	// Shadow, when set, runs in shadow mode (kube.Options.Shadow): no pod
 	// grouper, usage history nor webhook (they write), and the report at
-	// /shadow of the metrics address.
+	// ShadowPath of the debug server (DebugAddr; not served without it).
 	Shadow *kube.ShadowOptions
 
 	// LeaderElect runs the scheduler only while holding the Lease
@@ -96,8 +96,9 @@ type Config struct {
 	WebhookAddr    string
 	WebhookCertDir string
 
-	// DebugAddr serves the cycle snapshot (SnapshotPath) over HTTPS to
-	// callers the API server authenticates and authorises (debug.go);
+	// DebugAddr serves the cycle snapshot (SnapshotPath) and, in shadow
+	// mode, the shadow report (ShadowPath) over HTTPS to callers the API
+	// server authenticates and authorises (debug.go);
 	// "" = not served. DebugCertDir holds its tls.crt and tls.key; empty:
 	// a self-signed pair made at start.
 	DebugAddr    string
@@ -434,9 +435,6 @@ func (c *Controller) handler(metrics, health bool) http.Handler {
 	mux := http.NewServeMux()
 	if metrics {
 		mux.Handle("/metrics", metricsHandler(c.registry))
-		if c.cfg.Shadow != nil {
-			mux.Handle(ShadowPath, ShadowHandler(c.scheduler))
-		}
 	}
 	if health {
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {

@@ -18,20 +18,22 @@ import (
 	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/internal/debugapi"
 	"github.com/tessera-gpu/tessera/internal/selfsigned"
 )
 
 // SnapshotPath is the debug server's cycle-snapshot endpoint: a
 // non-resource URL, so RBAC grants it with nonResourceURLs and verb get
 // (the ClusterRole SnapshotReaderRole of deploy/rbac).
-const SnapshotPath = "/debug/tessera/snapshot"
+const SnapshotPath = debugapi.SnapshotPath
 
 // SnapshotReaderRole is the ClusterRole that grants SnapshotPath; a 403
 // names it.
-const SnapshotReaderRole = "tessera-snapshot-reader"
+const SnapshotReaderRole = debugapi.SnapshotReaderRole
 
-// debugServer serves the cycle snapshot over HTTPS to callers the API server
-// authenticates (TokenReview) and authorises (SubjectAccessReview).
+// debugServer serves the cycle snapshot (and, in shadow mode, the shadow
+// report) over HTTPS to callers the API server authenticates (TokenReview)
+// and authorises (SubjectAccessReview).
 type debugServer struct {
 	ln    net.Listener
 	srv   *http.Server
@@ -73,7 +75,10 @@ func (c *Controller) newDebugServer() (*debugServer, error) {
 	}
 	d := &debugServer{ln: ln, authn: authn, authz: authz}
 	mux := http.NewServeMux()
-	mux.Handle(SnapshotPath, d.authorised(http.HandlerFunc(c.serveSnapshot)))
+	mux.Handle(SnapshotPath, d.authorised(SnapshotReaderRole, http.HandlerFunc(c.serveSnapshot)))
+	if c.cfg.Shadow != nil {
+		mux.Handle(ShadowPath, d.authorised(ShadowReaderRole, ShadowHandler(c.scheduler)))
+	}
 	d.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
 		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}}
 	return d, nil
@@ -100,9 +105,9 @@ func debugCertificate(dir string) (tls.Certificate, error) {
 }
 
 // authorised lets a request through when its bearer token authenticates and
-// the user may get its path: 401 without a valid token, 403 naming the
-// ClusterRole to bind otherwise.
-func (d *debugServer) authorised(next http.Handler) http.Handler {
+// the user may get its path: 401 without a valid token, 403 naming role,
+// the ClusterRole to bind, otherwise.
+func (d *debugServer) authorised(role string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		logger := klog.FromContext(r.Context()).WithValues("path", r.URL.Path)
 		if r.Method != http.MethodGet {
@@ -120,7 +125,7 @@ func (d *debugServer) authorised(next http.Handler) http.Handler {
 		if err != nil || decision != authorizer.DecisionAllow {
 			logger.Info("Debug request forbidden", "user", resp.User.GetName(), "reason", reason, "err", err)
 			http.Error(w, fmt.Sprintf("Forbidden: user %q may not get %s; bind the ClusterRole %s to it",
-				resp.User.GetName(), r.URL.Path, SnapshotReaderRole), http.StatusForbidden)
+				resp.User.GetName(), r.URL.Path, role), http.StatusForbidden)
 			return
 		}
 		logger.V(2).Info("Debug request authorised", "user", resp.User.GetName())

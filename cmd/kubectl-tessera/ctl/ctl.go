@@ -48,10 +48,8 @@ type Clients struct {
 	Dynamic dynamic.Interface
 	// Namespace is the namespace of `why` (kubectl's -n, or the context's).
 	Namespace string
-	// Shadow says where `shadow` reads its report and how it prints it.
-	Shadow ShadowOptions
-	// RestConfig is the user's client configuration: snapshot presents
-	// its credentials to tessera-controller's debug server.
+	// RestConfig is the user's client configuration: snapshot and shadow
+	// present its credentials to tessera-controller's debug server.
 	RestConfig *rest.Config
 }
 
@@ -61,12 +59,17 @@ const Usage = `kubectl tessera: what Tessera is doing with the cluster's GPUs
   kubectl tessera queues        the queue tree: quota, fair share, allocated, pending
   kubectl tessera nodes         every GPU: model, memory, sharing, use, pods
   kubectl tessera why POD       why a pod is not running yet
-  kubectl tessera shadow        shadow mode's report: where Tessera would put the
+  kubectl tessera shadow [-o json]
+                                shadow mode's report: where Tessera would put the
                                 pods of other schedulers, fair shares, a takeover
-                                (-o json; --url, --controller-namespace)
   kubectl tessera snapshot [-o FILE]
-                                the next scheduling cycle's exact input and decisions,
-                                from tessera-controller's debug server (tessera-sim replay)
+                                the next scheduling cycle's exact input and decisions
+                                (tessera-sim replay)
+
+shadow and snapshot read tessera-controller's debug server through a
+port-forward to the leader pod, with your own credentials; their flags follow
+the command: --controller-namespace, --lease, --port, or --address HOST:PORT
+with --certificate-authority FILE or --insecure-skip-tls-verify.
 
 Flags: --kubeconfig, --context, -n/--namespace (as kubectl's)
 `
@@ -87,11 +90,11 @@ func Run(ctx context.Context, c Clients, args []string, out io.Writer) error {
 		}
 		return why(ctx, c, args[1], out)
 	case "shadow":
-		return shadow(ctx, c, out)
+		return shadow(ctx, c, args[1:], out)
 	case "snapshot":
 		return snapshot(ctx, c, args[1:], out)
 	}
-	return fmt.Errorf("unknown command %q (queues, nodes, why POD, shadow)", args[0])
+	return fmt.Errorf("unknown command %q (queues, nodes, why POD, shadow, snapshot)", args[0])
 }
 
 func queues(ctx context.Context, c Clients, out io.Writer) error {

@@ -3,91 +3,70 @@ package ctl
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/tessera-gpu/tessera/controller/kube"
+	"github.com/tessera-gpu/tessera/internal/debugapi"
 )
 
-// Where `kubectl tessera shadow` reads the report by default: the /shadow
-// path of the chart's metrics Service, through the API server's service
-// proxy (RBAC: get on services/proxy in the controller's namespace).
-const (
-	DefaultControllerNamespace = "tessera-system"
-	shadowService              = "tessera-controller-metrics"
-	shadowPort                 = "metrics"
-	shadowPath                 = "/shadow"
-)
-
-// ShadowOptions say where the report is read and how it is printed.
-type ShadowOptions struct {
-	// URL, when set, is the report's address (http://host:port/shadow);
-	// otherwise the service proxy of Namespace's metrics Service.
-	URL       string
-	Namespace string
-	// Output is "" (a table) or "json".
-	Output string
+// shadowOptions are the shadow command's flags.
+type shadowOptions struct {
+	// output is "" (a table) or "json".
+	output string
+	debugFlags
 }
 
-// shadow prints shadow mode's report.
-func shadow(ctx context.Context, c Clients, out io.Writer) error {
-	o := c.Shadow
-	if o.Output != "" && o.Output != "json" {
-		return fmt.Errorf("-o %q: shadow prints a table, or json with -o json", o.Output)
+func parseShadowFlags(args []string) (*shadowOptions, error) {
+	o := &shadowOptions{}
+	fs := flag.NewFlagSet("shadow", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&o.output, "o", "", "output: a table, or json")
+	fs.StringVar(&o.output, "output", "", "same as -o")
+	o.register(fs, debugapi.Shadow)
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("shadow: %w", err)
 	}
-	body, err := fetchShadow(ctx, c)
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("shadow takes no arguments, got %q", fs.Args())
+	}
+	if o.output != "" && o.output != "json" {
+		return nil, fmt.Errorf("-o %q: shadow prints a table, or json with -o json", o.output)
+	}
+	if err := o.check("shadow"); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// shadow prints shadow mode's report, read from the shadow controller's
+// debug server with the user's own credentials (debugserver.go).
+func shadow(ctx context.Context, c Clients, args []string, out io.Writer) error {
+	o, err := parseShadowFlags(args)
 	if err != nil {
 		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	body, err := getDebug(ctx, c, &o.debugFlags, debugapi.Shadow)
+	if err != nil {
+		return fmt.Errorf("shadow: %w", err)
 	}
 	var rep kube.ShadowReport
 	if err := json.Unmarshal(body, &rep); err != nil {
 		return fmt.Errorf("reading the shadow report: %w", err)
 	}
-	if o.Output == "json" {
+	if o.output == "json" {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
 		return enc.Encode(&rep)
 	}
 	return printShadow(&rep, out)
-}
-
-// fetchShadow reads the report's JSON from the URL or the service proxy.
-func fetchShadow(ctx context.Context, c Clients) ([]byte, error) {
-	o := c.Shadow
-	if o.URL != "" {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, o.URL, nil)
-		if err != nil {
-			return nil, fmt.Errorf("shadow report URL %q: %w", o.URL, err)
-		}
-		hc := &http.Client{Timeout: 30 * time.Second}
-		resp, err := hc.Do(req)
-		if err != nil {
-			return nil, fmt.Errorf("reading the shadow report: %w", err)
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-		if err != nil {
-			return nil, fmt.Errorf("reading the shadow report: %w", err)
-		}
-		if resp.StatusCode != http.StatusOK {
-			return nil, fmt.Errorf("shadow report from %s: %s: %s", o.URL, resp.Status, strings.TrimSpace(string(body)))
-		}
-		return body, nil
-	}
-	ns := o.Namespace
-	if ns == "" {
-		ns = DefaultControllerNamespace
-	}
-	body, err := c.Kube.CoreV1().Services(ns).ProxyGet("http", shadowService, shadowPort, shadowPath, nil).DoRaw(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("shadow report from service %s/%s (is tessera-controller running with --shadow?): %w", ns, shadowService, err)
-	}
-	return body, nil
 }
 
 // printShadow prints the report as tables.

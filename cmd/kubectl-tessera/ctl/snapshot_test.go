@@ -3,21 +3,24 @@ package ctl
 import (
 	"strings"
 	"testing"
+
+	"github.com/tessera-gpu/tessera/internal/debugapi"
 )
 
 // TestParseSnapshotFlags: bad flags are refused with an error that says
 // what is wrong; a direct address must say how to trust the server.
 func TestParseSnapshotFlags(t *testing.T) {
+	lease, port := debugapi.Snapshot.Lease, debugapi.DefaultPort
 	for _, tc := range []struct {
 		args    []string
 		wantErr string
 		want    snapshotOptions
 	}{
-		{args: nil, want: snapshotOptions{output: "-", namespace: DefaultControllerNamespace, lease: defaultLease, port: defaultDebugPort}},
+		{args: nil, want: snapshotOptions{output: "-", debugFlags: debugFlags{namespace: DefaultControllerNamespace, lease: lease, port: port}}},
 		{args: []string{"-o", "c.yaml", "--controller-namespace", "tsr", "--port", "9443"},
-			want: snapshotOptions{output: "c.yaml", namespace: "tsr", lease: defaultLease, port: 9443}},
+			want: snapshotOptions{output: "c.yaml", debugFlags: debugFlags{namespace: "tsr", lease: lease, port: 9443}}},
 		{args: []string{"--address", "10.0.0.5:8443", "--insecure-skip-tls-verify"},
-			want: snapshotOptions{output: "-", address: "10.0.0.5:8443", namespace: DefaultControllerNamespace, lease: defaultLease, port: defaultDebugPort, insecure: true}},
+			want: snapshotOptions{output: "-", debugFlags: debugFlags{address: "10.0.0.5:8443", namespace: DefaultControllerNamespace, lease: lease, port: port, insecure: true}}},
 		{args: []string{"--address", "10.0.0.5:8443"}, wantErr: "--certificate-authority or --insecure-skip-tls-verify"},
 		{args: []string{"extra"}, wantErr: `snapshot takes no arguments, got ["extra"]`},
 		{args: []string{"--frobnicate"}, wantErr: "flag provided but not defined: -frobnicate"},

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/cmd/kubectl-tessera/ctl"
+	"github.com/tessera-gpu/tessera/controller/app"
 	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/deploy/rbac"
 	"github.com/tessera-gpu/tessera/driver"
@@ -59,12 +61,16 @@ func TestShadowMode(t *testing.T) {
 	require.NoError(t, framework.ApplyShadowRBAC(e.Ctx, e.Client))
 	e.shadowWorkload()
 
+	debugAddr, err := framework.FreeAddr()
+	require.NoError(t, err)
 	c := framework.StartController(t, e.CP, framework.ControllerOptions{Name: "tessera-shadow", User: framework.ShadowUser,
-		Args: []string{"--shadow", "--shadow-namespaces=" + e.NS}})
+		Args: []string{"--shadow", "--shadow-namespaces=" + e.NS, "--debug-bind-address=" + debugAddr}})
 	c.WaitLeader(t, 60*time.Second)
+	reader := e.serviceAccountToken("shadow-reader")
+	e.bindClusterRole(app.ShadowReaderRole, "shadow-reader")
 	var rep kube.ShadowReport
 	e.eventually("a shadow report of 6 pods", 60*time.Second, func() (bool, string) {
-		r, err := readShadow(c.MetricsAddr)
+		r, err := readShadow(debugAddr, reader)
 		if err != nil {
 			return false, err.Error()
 		}
@@ -72,7 +78,8 @@ func TestShadowMode(t *testing.T) {
 		return rep.Pods == 6, fmt.Sprintf("%d pods", rep.Pods)
 	})
 	e.checkShadowReport(&rep)
-	e.checkShadowOutputs(c, &rep)
+	e.checkShadowOutputs(c, debugAddr, reader, &rep)
+	e.checkShadowRefusals(c, debugAddr, reader)
 	// Let it run a while, then read what it wrote.
 	time.Sleep(2 * time.Second)
 	checkAuditedWrites(t, auditLog)
@@ -124,17 +131,17 @@ func (e *env) shadowWorkload() {
 	t.Logf("kube-scheduler placed big n1, small n2, dp n3, t1 n2, t2 n2; wide pending")
 }
 
-func readShadow(addr string) (*kube.ShadowReport, error) {
-	resp, err := http.Get("http://" + addr + "/shadow")
+// readShadow GETs the report from the debug server with a bearer token.
+func readShadow(addr, token string) (*kube.ShadowReport, error) {
+	status, body, err := getDebug(addr, app.ShadowPath, token)
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /shadow: %s", resp.Status)
+	if status != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %d %s", app.ShadowPath, status, body)
 	}
 	var rep kube.ShadowReport
-	return &rep, json.NewDecoder(resp.Body).Decode(&rep)
+	return &rep, json.Unmarshal([]byte(body), &rep)
 }
 
 // checkShadowReport: from the start Tessera gives team-b (furthest below
@@ -172,8 +179,9 @@ func (e *env) checkShadowReport(rep *kube.ShadowReport) {
 	}
 }
 
-// checkShadowOutputs: the metrics and kubectl tessera shadow say the same.
-func (e *env) checkShadowOutputs(c *framework.Controller, rep *kube.ShadowReport) {
+// checkShadowOutputs: the metrics and kubectl tessera shadow (as a user
+// bound to the reader role, straight at the debug server) say the same.
+func (e *env) checkShadowOutputs(c *framework.Controller, debugAddr, reader string, rep *kube.ShadowReport) {
 	t := e.T
 	for name, want := range map[string]float64{"tessera_shadow_pods": float64(6 + 5 + 1 + 5 + 3 + 1 + 1 + 1),
 		"tessera_shadow_takeover_evictions": 1} {
@@ -182,18 +190,63 @@ func (e *env) checkShadowOutputs(c *framework.Controller, rep *kube.ShadowReport
 		assert.Equal(t, want, got, name)
 	}
 	var table, js bytes.Buffer
-	cl := ctl.Clients{Kube: e.Client, Dynamic: e.Dyn, Shadow: ctl.ShadowOptions{URL: "http://" + c.MetricsAddr + "/shadow"}}
-	require.NoError(t, ctl.Run(e.Ctx, cl, []string{"shadow"}, &table))
+	cl := e.userClients(reader)
+	direct := []string{"shadow", "--address", debugAddr, "--insecure-skip-tls-verify"}
+	require.NoError(t, ctl.Run(e.Ctx, cl, direct, &table))
 	t.Logf("kubectl tessera shadow:\n%s", table.String())
 	for _, want := range []string{"6 pods of other schedulers (5 running, 1 pending)", "Tessera would place 5; 3 on the node they run on, 1 elsewhere",
 		e.NS + "/t1", "pending: ", "evict (reclaim)", "bind (reclaim)"} {
 		assert.Contains(t, table.String(), want)
 	}
-	cl.Shadow.Output = "json"
-	require.NoError(t, ctl.Run(e.Ctx, cl, []string{"shadow"}, &js))
+	require.NoError(t, ctl.Run(e.Ctx, cl, append(direct, "-o", "json"), &js))
 	var back kube.ShadowReport
 	require.NoError(t, json.Unmarshal(js.Bytes(), &back))
 	assert.Equal(t, rep.Pods, back.Pods)
+}
+
+// checkShadowRefusals: the report is not on the unauthenticated metrics
+// address; the debug server refuses a caller without a token (401) and one
+// without the reader role (403 naming it, and the plugin's error too);
+// without --address the plugin finds the leader by the tessera-shadow
+// Lease, telling a user without the port-forward Role to bind it.
+func (e *env) checkShadowRefusals(c *framework.Controller, debugAddr, reader string) {
+	t := e.T
+	resp, err := http.Get("http://" + c.MetricsAddr + "/shadow")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "the metrics address serves no report")
+	nobody := e.serviceAccountToken("shadow-nobody")
+	for _, tc := range []struct {
+		name, token string
+		status      int
+		body        string
+	}{
+		{"no token", "", http.StatusUnauthorized, "bearer token"},
+		{"a user without the role", nobody, http.StatusForbidden, app.ShadowReaderRole},
+	} {
+		status, body, err := getDebug(debugAddr, app.ShadowPath, tc.token)
+		require.NoError(t, err)
+		if status != tc.status || !strings.Contains(body, tc.body) {
+			t.Errorf("%s: got %d %q, want %d naming %q", tc.name, status, body, tc.status, tc.body)
+		}
+	}
+	err = ctl.Run(e.Ctx, e.userClients(nobody), []string{"shadow", "--address", debugAddr, "--insecure-skip-tls-verify"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "bind the ClusterRole "+app.ShadowReaderRole) {
+		t.Errorf("kubectl tessera shadow without the role: want an error naming %s, got %v", app.ShadowReaderRole, err)
+	}
+	noAddr := []string{"shadow", "--controller-namespace", rbac.Namespace}
+	err = ctl.Run(e.Ctx, e.userClients(reader), noAddr, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "bind the Role tessera-shadow-portforward in "+rbac.Namespace) {
+		t.Errorf("kubectl tessera shadow without the port-forward Role: want an error naming it, got %v", err)
+	}
+	// With the Role, the plugin reads the shadow Lease and forwards to its
+	// holder's pod (a process here, no pod: the port-forward fails there).
+	e.bindRole(rbac.Namespace, "tessera-shadow-portforward", "shadow-reader")
+	pod, _, _ := strings.Cut(c.Identity(), "_")
+	e.eventually("a port-forward to the Lease holder's pod", 30*time.Second, func() (bool, string) {
+		err := ctl.Run(e.Ctx, e.userClients(reader), noAddr, io.Discard)
+		return err != nil && strings.Contains(err.Error(), "port-forward to pod "+rbac.Namespace+"/"+pod), fmt.Sprint(err)
+	})
 }
 
 // auditEvent is what checkAuditedWrites reads of an audit.k8s.io/v1 Event.
@@ -215,15 +268,17 @@ type auditEvent struct {
 }
 
 // checkAuditedWrites: every write shadow mode's identity sent (allowed or
-// not) is to its Lease — it writes no events either; it did write its Lease and read pods, so the log
-// does record it.
+// not) is to its Lease — it writes no events either — but for the debug
+// server's TokenReviews and SubjectAccessReviews (questions to the API
+// server that store nothing); it did write its Lease, read pods and ask
+// those reviews, so the log does record it.
 func checkAuditedWrites(t *testing.T, path string) {
 	t.Helper()
 	f, err := os.Open(path)
 	require.NoError(t, err)
 	defer f.Close()
 	writes := map[string]bool{"create": true, "update": true, "patch": true, "delete": true, "deletecollection": true}
-	var leaseWrites, podReads int
+	var leaseWrites, podReads, reviews int
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 0, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -242,6 +297,8 @@ func checkAuditedWrites(t *testing.T, path string) {
 		switch {
 		case r.Resource == "leases" && r.Namespace == rbac.Namespace && (r.Name == rbac.ShadowLease || ev.Verb == "create"):
 			leaseWrites++
+		case ev.Verb == "create" && (r.Resource == "tokenreviews" || r.Resource == "subjectaccessreviews") && r.Namespace == "":
+			reviews++
 		default:
 			t.Errorf("shadow mode wrote %s %s/%s %s/%s (status %v)", ev.Verb, r.Resource, r.Subresource, r.Namespace, r.Name, ev.ResponseStatus)
 		}
@@ -249,7 +306,8 @@ func checkAuditedWrites(t *testing.T, path string) {
 	require.NoError(t, sc.Err())
 	assert.Positive(t, leaseWrites, "the log records the shadow identity's Lease writes")
 	assert.Positive(t, podReads, "the log records the shadow identity's pod reads")
-	t.Logf("audit log: %d Lease writes, %d pod lists/watches by %s, no other write", leaseWrites, podReads, framework.ShadowUser[0])
+	assert.Positive(t, reviews, "the debug server asked the API server about its callers")
+	t.Logf("audit log: %d Lease writes, %d pod lists/watches, %d token and access reviews by %s, no other write", leaseWrites, podReads, reviews, framework.ShadowUser[0])
 }
 
 // checkShadowForbidden: shadow mode's identity may not do any write of the

@@ -194,12 +194,22 @@ func (e *env) userClients(token string) ctl.Clients {
 	return ctl.Clients{Kube: kc, Dynamic: dc, Namespace: e.NS, RestConfig: cfg}
 }
 
-// getSnapshot GETs the endpoint with a bearer token ("" for none).
+// getSnapshot GETs the snapshot endpoint with a bearer token ("" for none).
 func getSnapshot(t *testing.T, addr, token string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, "https://"+addr+app.SnapshotPath, nil)
+	status, body, err := getDebug(addr, app.SnapshotPath, token)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return status, body
+}
+
+// getDebug GETs a path of the debug server with a bearer token ("" for
+// none), not verifying its self-signed certificate.
+func getDebug(addr, path, token string) (int, string, error) {
+	req, err := http.NewRequest(http.MethodGet, "https://"+addr+path, nil)
+	if err != nil {
+		return 0, "", err
 	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -207,11 +217,11 @@ func getSnapshot(t *testing.T, addr, token string) (int, string) {
 	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	resp, err := client.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return 0, "", err
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
 }
 
 func readDump(t *testing.T, file string) *kube.Dump {
