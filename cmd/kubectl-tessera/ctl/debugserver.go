@@ -144,7 +144,11 @@ func forward(cfg *rest.Config, namespace, pod string, port int, e debugapi.Endpo
 	select {
 	case <-ready:
 	case err := <-errCh:
-		return "", nil, fmt.Errorf("port-forward to pod %s/%s (needs pods/portforward there: the Role %s): %w", namespace, pod, e.PortForwardRole, err)
+		// client-go flattens the API server's answer into a string.
+		if strings.Contains(err.Error(), "forbidden") {
+			return "", nil, fmt.Errorf("port-forward to pod %s/%s (needs pods/portforward there: the Role %s): %w", namespace, pod, e.PortForwardRole, err)
+		}
+		return "", nil, fmt.Errorf("port-forward to pod %s/%s, the leader its Lease names: %w", namespace, pod, err)
 	}
 	ports, err := pf.GetPorts()
 	if err != nil || len(ports) == 0 {
@@ -184,6 +188,10 @@ func (d *debugFlags) fetch(ctx context.Context, user *rest.Config, addr string, 
 		return nil, err
 	}
 	resp, err := (&http.Client{Transport: rt}).Do(req)
+	if err != nil && trusted {
+		// Nothing on the pod's port, or not TLS: the tunnel only says EOF.
+		return nil, fmt.Errorf("reaching tessera-controller's debug server through a port-forward to port %d of the leader pod (is it served there? --port; the chart's controller.debug.enabled and .port): %w", d.port, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("reaching tessera-controller's debug server at %s: %w", addr, err)
 	}

@@ -55,6 +55,7 @@ func TestChartOnRealNode(t *testing.T) {
 		{"examples", testExamples},
 		{"snapshot", testSnapshot},
 		{"upgrade", testUpgrade},
+		{"shadow", testShadow},
 		{"uninstall", testUninstall},
 	}
 	for _, p := range phases {
@@ -157,8 +158,14 @@ func (e *env) slices(t *testing.T) []resourceapi.ResourceSlice {
 // waitLeader waits for a controller pod of tag to be Ready and to hold the
 // Lease (its identity starts with the pod's name, its hostname).
 func (e *env) waitLeader(t *testing.T, tag string, timeout time.Duration) {
-	framework.Eventually(t, "a tessera-controller pod of tag "+tag+" leading", timeout, func() (bool, string) {
-		lease, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), "tessera-controller", metav1.GetOptions{})
+	e.waitLeaderOf(t, "tessera-controller", tag, timeout)
+}
+
+// waitLeaderOf waits for a controller pod of tag to be Ready and to hold
+// the Lease named lease (tessera-shadow in shadow mode).
+func (e *env) waitLeaderOf(t *testing.T, leaseName, tag string, timeout time.Duration) {
+	framework.Eventually(t, "a tessera-controller pod of tag "+tag+" holding the Lease "+leaseName, timeout, func() (bool, string) {
+		lease, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), leaseName, metav1.GetOptions{})
 		holder := ""
 		if err == nil && lease.Spec.HolderIdentity != nil {
 			holder = *lease.Spec.HolderIdentity

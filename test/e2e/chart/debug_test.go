@@ -20,17 +20,19 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/tessera-gpu/tessera/controller/kube"
+	"github.com/tessera-gpu/tessera/internal/debugapi"
 	"github.com/tessera-gpu/tessera/test/controlplane"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
 
-// The chart's roles for the debug server's users (deploy/rbac).
-const (
-	snapshotReaderRole = "tessera-snapshot-reader"
-	portForwardRole    = "tessera-snapshot-portforward"
-	// debugUserNS holds the ServiceAccounts the test's users are.
-	debugUserNS = "default"
+// The chart's roles for the snapshot's users (deploy/rbac).
+var (
+	snapshotReaderRole = debugapi.Snapshot.ReaderRole
+	portForwardRole    = debugapi.Snapshot.PortForwardRole
 )
+
+// debugUserNS holds the ServiceAccounts the test's users are.
+const debugUserNS = "default"
 
 // waitingPod waits for ever: its claim asks for a GPU model the node does
 // not have (a CEL selector), so the snapshot's cycle has a reason for it.
@@ -60,7 +62,7 @@ func testSnapshot(t *testing.T, e *env) {
 	// The Lease readable but no pods/portforward: both transports are
 	// refused, and the error names the Role.
 	leaseRule := rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"},
-		Resources: []string{"leases"}, ResourceNames: []string{"tessera-controller"}, Verbs: []string{"get"}}
+		Resources: []string{"leases"}, ResourceNames: []string{debugapi.Snapshot.Lease}, Verbs: []string{"get"}}
 	e.createRole(t, "lease-only", leaseRule)
 	e.bindRole(t, "lease-only", "snapshot-nobody")
 	framework.Eventually(t, "the port-forward refused, naming the Role", time.Minute, func() (bool, string) {
@@ -85,6 +87,12 @@ func testSnapshot(t *testing.T, e *env) {
 	pf := e.portForwards(t, "snapshot-user")
 	require.Equal(t, "get 101", pf[len(pf)-1], "the chart Role's user's port-forwards (verb, code): %v", pf)
 	e.checkReplay(t, file)
+
+	// Nothing listens on the pod's port: the tunnel only says EOF, the
+	// error names --port.
+	out, err = e.plugin(t, user, "snapshot", "--port", "8444", "-o", file)
+	require.Error(t, err, "snapshot --port 8444: %s", out)
+	require.Contains(t, out, "a port-forward to port 8444 of the leader pod (is it served there? --port")
 }
 
 // fetchSnapshot runs `kubectl tessera snapshot -o file` until it succeeds
@@ -192,24 +200,39 @@ func (e *env) checkReplay(t *testing.T, file string) {
 // createWaitingPod creates waitingPod and its claim template.
 func (e *env) createWaitingPod(t *testing.T) {
 	ctx := context.Background()
-	tmpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "b200", Namespace: waitingPod.ns},
-		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{
-				DeviceClassName: driverName,
-				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-					Expression: `device.attributes["gpu.tessera.dev"].productName == "NVIDIA B200"`}}},
-			}}}}}}}
+	tmpl := gpuTemplate(waitingPod.ns, "b200", `device.attributes["gpu.tessera.dev"].productName == "NVIDIA B200"`)
 	_, err := e.client.ResourceV1().ResourceClaimTemplates(waitingPod.ns).Create(ctx, tmpl, metav1.CreateOptions{})
 	require.NoError(t, err)
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: waitingPod.name, Namespace: waitingPod.ns,
-		Labels: map[string]string{"tessera.dev/queue": waitingPod.ns}},
-		Spec: corev1.PodSpec{SchedulerName: "tessera-scheduler",
-			ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmpl.Name}},
-			Containers: []corev1.Container{{Name: "c", Image: e.node.BusyboxImage, ImagePullPolicy: corev1.PullNever,
-				Command:   []string{"sleep", "1000000"},
-				Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}}}}}
-	_, err = e.client.CoreV1().Pods(waitingPod.ns).Create(ctx, pod, metav1.CreateOptions{})
+	_, err = e.client.CoreV1().Pods(waitingPod.ns).Create(ctx, e.gpuPod(waitingPod, "tessera-scheduler", tmpl.Name), metav1.CreateOptions{})
 	require.NoError(t, err)
+}
+
+// gpuTemplate is a claim template for one whole GPU of Tessera's class,
+// with a CEL selector when cel is not "".
+func gpuTemplate(ns, name, cel string) *resourceapi.ResourceClaimTemplate {
+	req := &resourceapi.ExactDeviceRequest{DeviceClassName: driverName}
+	if cel != "" {
+		req.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: cel}}}
+	}
+	return &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: req}}}}}}
+}
+
+// gpuPod is a pod of scheduler ("" for kube-scheduler) with a claim from
+// template that prints what its CDI edits gave it (as runPods reads it); a
+// tessera-scheduler pod's queue is its namespace.
+func (e *env) gpuPod(p examplePod, scheduler, template string) *corev1.Pod {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: p.ns},
+		Spec: corev1.PodSpec{SchedulerName: scheduler,
+			ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &template}},
+			Containers: []corev1.Container{{Name: "c", Image: e.node.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+				Command:   []string{"sh", "-c", `env | grep -E "^(NVIDIA|CUDA|TESSERA)" | sort; sleep 1000000`},
+				Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}}}}}
+	if scheduler == "tessera-scheduler" {
+		pod.Labels = map[string]string{"tessera.dev/queue": p.ns}
+	}
+	return pod
 }
 
 // debugUser creates a ServiceAccount in debugUserNS bound to clusterRole
