@@ -19,7 +19,7 @@ func init() {
 }
 
 const replayHelp = `usage: tessera-sim replay FILE [--set queue/NAME.RES.FIELD=VALUE]... [--add-nodes NODE:N]...
-                          [--to-scenario OUT]
+                          [--to-scenario OUT] [--key KEY]
 
 Reruns the cycle a cycle snapshot (kubectl tessera snapshot) holds, through
 the controller's own snapshot code and core, and prints its binds, evictions,
@@ -32,6 +32,9 @@ controller's decisions and nothing is changed, says whether the replay agrees.
   with either, prints the difference against the unchanged snapshot
   --to-scenario  also write the snapshot as a tessera-sim scenario file, and
                say what the format cannot hold
+  --key        FILE is anonymised (tessera-sim anonymize, kubectl tessera
+               snapshot --anonymize-key): print the decisions with the
+               original names, mapped back through this key
 
 exit 0: done (the replay agrees, where that can be checked) · 1: the replay
 disagrees with the controller's decisions · 2: bad file or flag
@@ -50,6 +53,7 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&sets, "set", "change a queue")
 	fs.Var(&adds, "add-nodes", "add copies of a node")
 	toScenario := fs.String("to-scenario", "", "write a scenario file")
+	keyFile := fs.String("key", "", "map names back through this anonymize key")
 	file, rest := splitFile(args)
 	if err := fs.Parse(rest); err != nil {
 		return 2
@@ -89,13 +93,21 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 	}
+	restore := func(d *kube.Decisions) *kube.Decisions { return d }
+	if *keyFile != "" {
+		key, err := readKey(*keyFile)
+		if err != nil {
+			return fail(err)
+		}
+		restore = key.RestoreDecisions
+	}
 	ctx := context.Background()
 	got, err := kube.Replay(ctx, base)
 	if err != nil {
 		return fail(err)
 	}
 	if len(sets) == 0 && len(adds) == 0 {
-		printDecisions(stdout, got)
+		printDecisions(stdout, restore(got))
 		if base.Decisions == nil {
 			return 0
 		}
@@ -112,9 +124,9 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
-	printDecisions(stdout, whatIf)
+	printDecisions(stdout, restore(whatIf))
 	fmt.Fprintf(stdout, "\nwhat changes with %s (unchanged → changed):\n", strings.Join(append(prefixed("--set ", sets), prefixed("--add-nodes ", adds)...), " "))
-	diff := diffDecisions(got, whatIf)
+	diff := diffDecisions(restore(got), restore(whatIf))
 	if len(diff) == 0 {
 		fmt.Fprintln(stdout, "  nothing")
 	}

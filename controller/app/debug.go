@@ -147,6 +147,10 @@ func (c *Controller) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "taking the snapshot: "+err.Error(), http.StatusServiceUnavailable)
 		return
 	}
+	var ok bool
+	if data, ok = anonymizeAnswer(ctx, w, r, data); !ok { // ?anonymize=true
+		return
+	}
 	klog.FromContext(ctx).Info("Served a cycle snapshot", "bytes", len(data))
 	w.Header().Set("Content-Type", "application/yaml")
 	_, _ = w.Write(data)

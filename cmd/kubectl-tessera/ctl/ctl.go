@@ -62,9 +62,11 @@ const Usage = `kubectl tessera: what Tessera is doing with the cluster's GPUs
   kubectl tessera shadow [-o json]
                                 shadow mode's report: where Tessera would put the
                                 pods of other schedulers, fair shares, a takeover
-  kubectl tessera snapshot [-o FILE]
+  kubectl tessera snapshot [-o FILE] [--anonymize [--anonymize-key KEYFILE]]
                                 the next scheduling cycle's exact input and decisions
-                                (tessera-sim replay)
+                                (tessera-sim replay); --anonymize renames every
+                                user-chosen name (the replay decides the same);
+                                --anonymize-key also writes the key
 
 shadow and snapshot read tessera-controller's debug server through a
 port-forward to the leader pod, with your own credentials; their flags follow

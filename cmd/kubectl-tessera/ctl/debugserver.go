@@ -35,6 +35,7 @@ type debugFlags struct {
 	address, namespace, lease, caFile string
 	port                              int
 	insecure                          bool
+	query                             string // the URL's query, set by the command
 }
 
 // register adds the transport's flags to fs, the Lease defaulting to the
@@ -182,7 +183,7 @@ func (d *debugFlags) fetch(ctx context.Context, user *rest.Config, addr string, 
 	if err != nil {
 		return nil, err
 	}
-	u := url.URL{Scheme: "https", Host: addr, Path: e.Path}
+	u := url.URL{Scheme: "https", Host: addr, Path: e.Path, RawQuery: d.query}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
 		return nil, err

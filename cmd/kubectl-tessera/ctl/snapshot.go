@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -16,6 +17,10 @@ import (
 type snapshotOptions struct {
 	output string
 	debugFlags
+	// anonymize asks for renamed names (the controller renames; with
+	// anonymizeKey the plugin does, to write the key).
+	anonymize    bool
+	anonymizeKey string
 }
 
 func parseSnapshotFlags(args []string) (*snapshotOptions, error) {
@@ -25,6 +30,8 @@ func parseSnapshotFlags(args []string) (*snapshotOptions, error) {
 	fs.StringVar(&o.output, "o", "-", "file to write the snapshot to (- for standard output)")
 	fs.StringVar(&o.output, "output", "-", "file to write the snapshot to")
 	o.register(fs, debugapi.Snapshot)
+	fs.BoolVar(&o.anonymize, "anonymize", false, "rename every user-chosen name, consistently and in order")
+	fs.StringVar(&o.anonymizeKey, "anonymize-key", "", "with --anonymize: also write the key (original -> new names) to this file")
 	if err := fs.Parse(args); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
@@ -34,6 +41,13 @@ func parseSnapshotFlags(args []string) (*snapshotOptions, error) {
 	if err := o.check("snapshot"); err != nil {
 		return nil, err
 	}
+	if o.anonymizeKey != "" && !o.anonymize {
+		return nil, errors.New("snapshot --anonymize-key needs --anonymize")
+	}
+	if o.anonymizeKey != "" && o.anonymizeKey == o.output {
+		return nil, errors.New("snapshot --anonymize-key must not be the snapshot's file: the key undoes the renaming")
+	}
+	o.query = o.anonymizeQuery()
 	return o, nil
 }
 
@@ -53,6 +67,9 @@ func snapshot(ctx context.Context, c Clients, args []string, out io.Writer) erro
 	}
 	if _, err := kube.ParseDump(data); err != nil {
 		return fmt.Errorf("the controller's answer is not a cycle snapshot: %w", err)
+	}
+	if data, err = o.anonymizeHere(ctx, data, out); err != nil {
+		return err
 	}
 	if o.output == "-" {
 		_, err = out.Write(data)

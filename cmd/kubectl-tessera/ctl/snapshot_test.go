@@ -25,6 +25,12 @@ func TestParseSnapshotFlags(t *testing.T) {
 		{args: []string{"extra"}, wantErr: `snapshot takes no arguments, got ["extra"]`},
 		{args: []string{"--frobnicate"}, wantErr: "flag provided but not defined: -frobnicate"},
 		{args: []string{"--port", "x"}, wantErr: `invalid value "x" for flag -port`},
+		{args: []string{"--anonymize", "-o", "c.yaml"},
+			want: snapshotOptions{output: "c.yaml", debugFlags: debugFlags{namespace: DefaultControllerNamespace, lease: lease, port: port, query: "anonymize=true"}, anonymize: true}},
+		{args: []string{"--anonymize", "--anonymize-key", "k.yaml", "-o", "c.yaml"},
+			want: snapshotOptions{output: "c.yaml", debugFlags: debugFlags{namespace: DefaultControllerNamespace, lease: lease, port: port}, anonymize: true, anonymizeKey: "k.yaml"}},
+		{args: []string{"--anonymize-key", "k.yaml"}, wantErr: "--anonymize-key needs --anonymize"},
+		{args: []string{"--anonymize", "--anonymize-key", "c.yaml", "-o", "c.yaml"}, wantErr: "must not be the snapshot's file"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			got, err := parseSnapshotFlags(tc.args)

@@ -83,6 +83,18 @@ func TestReplayEqualsController(t *testing.T) {
 		t.Fatalf("replay differs from the controller on its own input:\ncontroller: %+v\nreplay:     %+v", want, got)
 	}
 	t.Logf("controller and replay agree: %d binds, %d evictions, %d pending", len(got.Binds), len(got.Evictions), len(got.Pending))
+
+	// Anonymised (kubectl tessera snapshot --anonymize-key does this), the
+	// same cycle replays to the controller's decisions mapped through the
+	// key, and no namespace, pod, node or queue name is left.
+	anon, an, err := kube.AnonymizeSnapshot(e.Ctx, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(an.Warnings) > 0 {
+		t.Errorf("anonymising warned: %q", an.Warnings)
+	}
+	checkAnonymized(t, anon, an.Key, want, append([]string{e.NS, "dgx-0", "team-a", "team-b"}, append(running, pending...)...)...)
 }
 
 // checkDecisionsCover fails unless the cycle did what the test is about: a

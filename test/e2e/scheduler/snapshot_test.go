@@ -118,6 +118,51 @@ func TestSnapshotEndpoint(t *testing.T) {
 		t.Fatalf("tessera-sim replay does not say it agrees with the controller:\n%s", res)
 	}
 	t.Logf("tessera-sim replay:\n%s", res)
+	checkAnonymizedSnapshots(t, e, c.DebugAddr(), reader, sim)
+}
+
+// checkAnonymizedSnapshots: ?anonymize=true answers a snapshot that replays
+// to the controller's decisions renamed and holds none of the test's names;
+// `kubectl tessera snapshot --anonymize --anonymize-key` writes the key
+// apart, and tessera-sim replay --key prints the original names again.
+func checkAnonymizedSnapshots(t *testing.T, e *env, addr, reader, sim string) {
+	names := []string{e.NS, "snap-0", "team-a", "a-0", "a-1", "a-2", "af-0", "picky"}
+	status, body := getSnapshot(t, addr+"?anonymize=true", reader)
+	if status != http.StatusOK {
+		t.Fatalf("?anonymize=true: %d %s", status, body)
+	}
+	checkAnonymized(t, []byte(body), nil, nil, names...)
+	if status, body := getSnapshot(t, addr+"?anonymize=maybe", reader); status != http.StatusBadRequest || !strings.Contains(body, "want true or false") {
+		t.Errorf("?anonymize=maybe: got %d %q, want 400", status, body)
+	}
+
+	dir := t.TempDir()
+	file, keyFile := filepath.Join(dir, "anon.yaml"), filepath.Join(dir, "key.yaml")
+	var out bytes.Buffer
+	args := []string{"snapshot", "-o", file, "--anonymize", "--anonymize-key", keyFile, "--address", addr, "--insecure-skip-tls-verify"}
+	if err := ctl.Run(e.Ctx, e.userClients(reader), args, &out); err != nil {
+		t.Fatalf("kubectl tessera snapshot --anonymize: %v", err)
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := os.ReadFile(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := kube.ParseAnonymizeKey(kb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := checkAnonymized(t, data, key, nil, names...)
+	if back := key.RestoreDecisions(d.Decisions); !hasPending(back, e.NS+"/picky") {
+		t.Fatalf("the controller's decisions mapped back through the key lack %s/picky waiting: %+v", e.NS, back)
+	}
+	res, err := exec.Command(sim, "replay", file, "--key", keyFile).CombinedOutput()
+	if err != nil || !strings.Contains(string(res), "agrees") || !strings.Contains(string(res), e.NS+"/picky") {
+		t.Fatalf("tessera-sim replay --key on the anonymised file: %v\n%s", err, res)
+	}
 }
 
 // startDebugController runs tessera-controller in-process as its
@@ -197,7 +242,13 @@ func (e *env) userClients(token string) ctl.Clients {
 // getSnapshot GETs the snapshot endpoint with a bearer token ("" for none).
 func getSnapshot(t *testing.T, addr, token string) (int, string) {
 	t.Helper()
-	status, body, err := getDebug(addr, app.SnapshotPath, token)
+	// addr may carry a query: host:port?anonymize=true.
+	host, query, _ := strings.Cut(addr, "?")
+	path := app.SnapshotPath
+	if query != "" {
+		path += "?" + query
+	}
+	status, body, err := getDebug(host, path, token)
 	if err != nil {
 		t.Fatal(err)
 	}
