@@ -14,7 +14,9 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -142,65 +144,33 @@ func TestMutations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmp := t.TempDir()
+	pass := mutationPass{goBin: goBin, root: root, tmp: t.TempDir(), scenarios: scenarios}
 	ms := loadMutations(t)
 	failing := make([][]string, len(ms))
+	errs := make([]error, len(ms))
+	// Mutants build and run side by side: a build is mostly the serial
+	// compile of the mutated package and a link, so two at a time keep both
+	// cores busy where one left one idle.
+	sem := make(chan struct{}, mutationWorkers())
+	var wg sync.WaitGroup
 	for i := range ms {
-		m := &ms[i]
-		src, err := os.ReadFile(filepath.Join(root, m.File))
-		if err != nil {
-			t.Fatalf("mutation %d (%s): %v", i, m.Mutation, err)
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			failing[i], errs[i] = pass.run(i, &ms[i])
+		}()
+	}
+	wg.Wait()
+	for i, m := range ms {
+		if errs[i] != nil {
+			t.Errorf("mutation %d (%s): %v", i, m.Mutation, errs[i])
 		}
-		mutated, err := m.apply(string(src))
-		if err != nil {
-			t.Fatalf("mutation %d (%s): %v", i, m.Mutation, err)
-		}
-		dir := filepath.Join(tmp, fmt.Sprint(i))
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		mfile := filepath.Join(dir, filepath.Base(m.File))
-		overlay, _ := json.Marshal(map[string]map[string]string{"Replace": {filepath.Join(root, m.File): mfile}})
-		bin := filepath.Join(dir, "mutant")
-		if err := os.WriteFile(mfile, []byte(mutated), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "overlay.json"), overlay, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		build := exec.Command(goBin, "build", "-overlay", filepath.Join(dir, "overlay.json"), "-o", bin, "./testdata/mutant")
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("mutation %d (%s) does not build: %v\n%s", i, m.Mutation, err, out)
-		}
-		// A mutation may make a cycle loop; a minute is far beyond the suite's
-		// tenth of a second.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		run := exec.CommandContext(ctx, bin, scenarios...)
-		var stdout, stderr bytes.Buffer
-		run.Stdout, run.Stderr = &stdout, &stderr
-		err = run.Run()
-		cancel()
-		// Each mutant's binary is ~55 MB and there are over a hundred: keep the
-		// disk a CI machine shares with the other packages' tests.
-		if rmErr := os.RemoveAll(dir); rmErr != nil {
-			t.Fatalf("mutation %d: %v", i, rmErr)
-		}
-		if err != nil {
-			t.Fatalf("mutation %d (%s): the scenario runner: %v: %s", i, m.Mutation, err, stderr.String())
-		}
-		dec := json.NewDecoder(&stdout)
-		for dec.More() {
-			var r struct {
-				Name   string `json:"name"`
-				Passed bool   `json:"passed"`
-			}
-			if err := dec.Decode(&r); err != nil {
-				t.Fatalf("mutation %d: report: %v", i, err)
-			}
-			if !r.Passed {
-				failing[i] = append(failing[i], r.Name)
-			}
-		}
+	}
+	if t.Failed() {
+		return // a pass with mutants that did not run has no table to write
+	}
+	for i, m := range ms {
 		switch {
 		case m.Equivalent == "" && len(failing[i]) == 0:
 			t.Errorf("mutation %d survived: rule %q, %s — no scenario fails", i, m.Rule, m.Mutation)
@@ -219,6 +189,82 @@ func TestMutations(t *testing.T) {
 	if err != nil || string(have) != doc {
 		t.Errorf("%s is not the mutation pass's output; run go test ./cmd/tessera-sim -run TestMutations -update-mutations and review the diff", mutationsDoc)
 	}
+}
+
+// mutationWorkers is how many mutants build and run at once: one per CPU,
+// at most four (TESSERA_MUTATION_WORKERS overrides).
+func mutationWorkers() int {
+	if n, err := strconv.Atoi(os.Getenv("TESSERA_MUTATION_WORKERS")); err == nil && n > 0 {
+		return n
+	}
+	return min(runtime.GOMAXPROCS(0), 4)
+}
+
+// mutationPass builds and runs one mutant at a time per call; calls may run
+// concurrently (each mutant has its own directory).
+type mutationPass struct {
+	goBin, root, tmp string
+	scenarios        []string
+}
+
+// run builds the scenario runner with m's edits as an overlay, runs the
+// suite and returns the scenarios that fail.
+func (p mutationPass) run(i int, m *mutation) ([]string, error) {
+	src, err := os.ReadFile(filepath.Join(p.root, m.File))
+	if err != nil {
+		return nil, err
+	}
+	mutated, err := m.apply(string(src))
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(p.tmp, fmt.Sprint(i))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, err
+	}
+	// Each mutant's binary is several MB and there are over a hundred: keep
+	// the disk a CI machine shares with the other packages' tests.
+	defer os.RemoveAll(dir)
+	mfile := filepath.Join(dir, filepath.Base(m.File))
+	overlay, _ := json.Marshal(map[string]map[string]string{"Replace": {filepath.Join(p.root, m.File): mfile}})
+	bin := filepath.Join(dir, "mutant")
+	if err := os.WriteFile(mfile, []byte(mutated), 0o644); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "overlay.json"), overlay, 0o644); err != nil {
+		return nil, err
+	}
+	// -s -w: no symbol table or DWARF; the mutant is run, never debugged, and
+	// the link is a large part of each build.
+	build := exec.Command(p.goBin, "build", "-ldflags=-s -w", "-overlay", filepath.Join(dir, "overlay.json"), "-o", bin, "./testdata/mutant")
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("does not build: %w\n%s", err, out)
+	}
+	// A mutation may make a cycle loop; a minute is far beyond the suite's
+	// tenth of a second.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	run := exec.CommandContext(ctx, bin, p.scenarios...)
+	var stdout, stderr bytes.Buffer
+	run.Stdout, run.Stderr = &stdout, &stderr
+	if err := run.Run(); err != nil {
+		return nil, fmt.Errorf("the scenario runner: %w: %s", err, stderr.String())
+	}
+	var failing []string
+	dec := json.NewDecoder(&stdout)
+	for dec.More() {
+		var r struct {
+			Name   string `json:"name"`
+			Passed bool   `json:"passed"`
+		}
+		if err := dec.Decode(&r); err != nil {
+			return nil, fmt.Errorf("report: %w", err)
+		}
+		if !r.Passed {
+			failing = append(failing, r.Name)
+		}
+	}
+	return failing, nil
 }
 
 // scenarioNames lists the names of the scenarios in one file.
