@@ -52,7 +52,10 @@ type options struct {
 	webhookCertDir  string
 	debugAddr       string
 	debugCertDir    string
-	podGrouper      bool
+	// Client certificates at the debug server: a CA file, the cluster's.
+	debugClientCAFile        string
+	debugClientCAFromCluster bool
+	podGrouper               bool
 	// Usage history (controller/kube, usage.go).
 	usageHistory   bool
 	usageHalfLife  time.Duration
@@ -100,7 +103,9 @@ func bindFlags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&o.webhookAddr, "webhook-addr", "", "address of the admission webhook for the fraction annotations, served over TLS by every replica (empty: off)")
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/etc/tessera/webhook", "directory of the webhook's tls.crt and tls.key (read again when they change)")
 	fs.StringVar(&o.debugAddr, "debug-bind-address", "", "address of the HTTPS debug server: "+app.SnapshotPath+" serves the next cycle's snapshot and, with --shadow, "+app.ShadowPath+" the shadow report, to users the API server authenticates and RBAC allows (ClusterRoles "+app.SnapshotReaderRole+", "+app.ShadowReaderRole+"); empty: off")
-	fs.StringVar(&o.debugCertDir, "debug-cert-dir", "", "directory of the debug server's tls.crt and tls.key (empty: a self-signed pair made at start)")
+	fs.StringVar(&o.debugCertDir, "debug-cert-dir", "", "directory of the debug server's tls.crt and tls.key, read again when they change (empty: a self-signed pair made at start)")
+	fs.StringVar(&o.debugClientCAFile, "debug-client-ca-file", "", "PEM bundle of CAs whose client certificates the debug server accepts (read again when it changes)")
+	fs.BoolVar(&o.debugClientCAFromCluster, "debug-client-ca-from-cluster", true, "the debug server accepts client certificates of the cluster's client CA, read from kube-system's extension-apiserver-authentication ConfigMap (needs the Role extension-apiserver-authentication-reader there)")
 	fs.BoolVar(&o.podGrouper, "pod-grouper", true, "give pods of Jobs, JobSets, Kubeflow jobs, LeaderWorkerSets and Ray clusters that name no group the gang their workload needs (controller/grouper); such pods wait for it")
 	fs.BoolVar(&o.usageHistory, "usage-history", true, "keep each queue's decayed usage from what its pods held (Queue status, tessera_queue_usage), saved in a ConfigMap so a restart or failover continues it")
 	fs.DurationVar(&o.usageHalfLife, "usage-half-life", 24*time.Hour, "half-life of the usage history's decay (0: none)")
@@ -257,22 +262,24 @@ func (o *options) appConfig(rc *rest.Config) app.Config {
 			StaleGangTimeout:     stale,
 			UsageCoefficient:     int64(math.Round(o.usageCoeff * 1000)),
 		},
-		Workers:         o.workers,
-		GPUResource:     o.gpuResource,
-		WebhookAddr:     o.webhookAddr,
-		WebhookCertDir:  o.webhookCertDir,
-		DebugAddr:       o.debugAddr,
-		DebugCertDir:    o.debugCertDir,
-		PodGrouper:      o.podGrouper && !o.shadow,
-		LeaderElect:     o.leaderElect,
-		LeaseNamespace:  o.leaseNamespace,
-		LeaseName:       leaseName,
-		LeaseDuration:   o.leaseDuration,
-		RenewDeadline:   o.renewDeadline,
-		RetryPeriod:     o.retryPeriod,
-		ReleaseOnCancel: o.releaseOnCancel,
-		MetricsAddr:     o.metricsAddr,
-		HealthAddr:      o.healthAddr,
+		Workers:                  o.workers,
+		GPUResource:              o.gpuResource,
+		WebhookAddr:              o.webhookAddr,
+		WebhookCertDir:           o.webhookCertDir,
+		DebugAddr:                o.debugAddr,
+		DebugCertDir:             o.debugCertDir,
+		DebugClientCAFile:        o.debugClientCAFile,
+		DebugClientCAFromCluster: o.debugClientCAFromCluster,
+		PodGrouper:               o.podGrouper && !o.shadow,
+		LeaderElect:              o.leaderElect,
+		LeaseNamespace:           o.leaseNamespace,
+		LeaseName:                leaseName,
+		LeaseDuration:            o.leaseDuration,
+		RenewDeadline:            o.renewDeadline,
+		RetryPeriod:              o.retryPeriod,
+		ReleaseOnCancel:          o.releaseOnCancel,
+		MetricsAddr:              o.metricsAddr,
+		HealthAddr:               o.healthAddr,
 	}
 }
 

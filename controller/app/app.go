@@ -99,10 +99,17 @@ type Config struct {
 	// DebugAddr serves the cycle snapshot (SnapshotPath) and, in shadow
 	// mode, the shadow report (ShadowPath) over HTTPS to callers the API
 	// server authenticates and authorises (debug.go);
-	// "" = not served. DebugCertDir holds its tls.crt and tls.key; empty:
-	// a self-signed pair made at start.
+	// "" = not served. DebugCertDir holds its tls.crt and tls.key (read again
+	// when they change); empty: a self-signed pair made at start.
 	DebugAddr    string
 	DebugCertDir string
+	// DebugClientCAFile (a PEM bundle, read again when it changes) and
+	// DebugClientCAFromCluster (the API server's client CA, from
+	// kube-system's extension-apiserver-authentication ConfigMap, watched)
+	// let users in with client certificates besides bearer tokens; neither:
+	// tokens only.
+	DebugClientCAFile        string
+	DebugClientCAFromCluster bool
 
 	// OnLeading, when set, is told each time this replica starts (true) or
 	// stops (false) leading; tests use it.
@@ -269,6 +276,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	if c.debug != nil {
 		go c.debug.serve(httpCtx)
+		go c.debug.checkClientCA(httpCtx, c.client)
 	}
 	if c.webhook != nil {
 		go func() {

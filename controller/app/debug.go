@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -9,13 +10,18 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/authenticatorfactory"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/debugapi"
@@ -39,24 +45,37 @@ type debugServer struct {
 	srv   *http.Server
 	authn authenticator.Request
 	authz authorizer.Authorizer
+	// runners keep the serving certificate and the client CAs current
+	// (files watched, the ConfigMap informed); run while serving.
+	runners []dynamiccertificates.ControllerRunner
+	// clientCAConfigMap is set when the client CA comes from the cluster:
+	// serve checks once that it can be read and says what to bind if not.
+	clientCAConfigMap bool
 }
 
 // newDebugServer binds DebugAddr and builds the delegated authenticator and
 // authorizer of k8s.io/apiserver (the ones aggregated API servers and
-// kube-rbac-proxy use): bearer tokens go to a TokenReview, the request to a
-// SubjectAccessReview, both cached briefly.
+// kube-rbac-proxy use): a client certificate is verified against the
+// cluster's client CA, a bearer token goes to a TokenReview, the request
+// to a SubjectAccessReview, both reviews cached briefly.
 func (c *Controller) newDebugServer() (*debugServer, error) {
+	d := &debugServer{}
+	clientCA, err := d.clientCAs(c)
+	if err != nil {
+		return nil, err
+	}
 	backoff := &wait.Backoff{Duration: 500 * time.Millisecond, Factor: 1.5, Jitter: 0.2, Steps: 5}
-	authn, _, err := authenticatorfactory.DelegatingAuthenticatorConfig{
-		TokenAccessReviewClient:  c.client.AuthenticationV1(),
-		TokenAccessReviewTimeout: 10 * time.Second,
-		WebhookRetryBackoff:      backoff,
-		CacheTTL:                 10 * time.Second,
+	d.authn, _, err = authenticatorfactory.DelegatingAuthenticatorConfig{
+		TokenAccessReviewClient:            c.client.AuthenticationV1(),
+		TokenAccessReviewTimeout:           10 * time.Second,
+		WebhookRetryBackoff:                backoff,
+		CacheTTL:                           10 * time.Second,
+		ClientCertificateCAContentProvider: clientCA,
 	}.New()
 	if err != nil {
 		return nil, fmt.Errorf("app: debug server authenticator: %w", err)
 	}
-	authz, err := authorizerfactory.DelegatingAuthorizerConfig{
+	d.authz, err = authorizerfactory.DelegatingAuthorizerConfig{
 		SubjectAccessReviewClient: c.client.AuthorizationV1(),
 		AllowCacheTTL:             10 * time.Second,
 		DenyCacheTTL:              5 * time.Second,
@@ -65,47 +84,115 @@ func (c *Controller) newDebugServer() (*debugServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("app: debug server authorizer: %w", err)
 	}
-	cert, err := debugCertificate(c.cfg.DebugCertDir)
+	getCert, err := d.servingCertificate(c.cfg.DebugCertDir)
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", c.cfg.DebugAddr)
-	if err != nil {
+	if d.ln, err = net.Listen("tcp", c.cfg.DebugAddr); err != nil {
 		return nil, fmt.Errorf("app: listening on %s: %w", c.cfg.DebugAddr, err)
 	}
-	d := &debugServer{ln: ln, authn: authn, authz: authz}
 	mux := http.NewServeMux()
 	mux.Handle(SnapshotPath, d.authorised(SnapshotReaderRole, http.HandlerFunc(c.serveSnapshot)))
 	if c.cfg.Shadow != nil {
 		mux.Handle(ShadowPath, d.authorised(ShadowReaderRole, ShadowHandler(c.scheduler)))
 	}
+	// RequestClientCert: a certificate is asked for but not required nor
+	// checked by TLS; the x509 authenticator verifies it against the
+	// current client CAs (so a token user without one still gets in).
 	d.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}}
+		TLSConfig: &tls.Config{GetCertificate: getCert, ClientAuth: tls.RequestClientCert, MinVersion: tls.VersionTLS12}}
 	return d, nil
 }
 
-// debugCertificate reads tls.crt and tls.key of dir, or, without a dir,
-// makes a self-signed pair for this process (the plugin reaches the server
-// through an authenticated port-forward, where the tunnel is what it
-// trusts; cmd/kubectl-tessera/README.md).
-func debugCertificate(dir string) (tls.Certificate, error) {
+// clientCAs is the CA bundle client certificates are verified against:
+// DebugClientCAFile (reloaded when it changes) and/or the cluster's client
+// CA, which the API server publishes in kube-system's
+// extension-apiserver-authentication ConfigMap (watched), as aggregated
+// API servers read it. nil: client certificates are not accepted.
+func (d *debugServer) clientCAs(c *Controller) (dynamiccertificates.CAContentProvider, error) {
+	var cas []dynamiccertificates.CAContentProvider
+	if f := c.cfg.DebugClientCAFile; f != "" {
+		ca, err := dynamiccertificates.NewDynamicCAContentFromFile("debug-client-ca", f)
+		if err != nil {
+			return nil, fmt.Errorf("app: debug server client CA %s: %w", f, err)
+		}
+		cas = append(cas, ca)
+		d.runners = append(d.runners, ca)
+	}
+	if c.cfg.DebugClientCAFromCluster {
+		ca, err := dynamiccertificates.NewDynamicCAFromConfigMapController("debug-client-ca",
+			debugapi.ClientCANamespace, debugapi.ClientCAConfigMap, debugapi.ClientCAKey, c.client)
+		if err != nil {
+			return nil, fmt.Errorf("app: debug server client CA from the cluster: %w", err)
+		}
+		cas = append(cas, ca)
+		d.runners = append(d.runners, ca)
+		d.clientCAConfigMap = true
+	}
+	switch len(cas) {
+	case 0:
+		return nil, nil
+	case 1:
+		return cas[0], nil
+	}
+	return dynamiccertificates.NewUnionCAContentProvider(cas...), nil
+}
+
+// servingCertificate serves tls.crt and tls.key of dir, read again when
+// they change (a rotated Secret is served without a restart), or, without
+// a dir, a self-signed pair made for this process (the plugin reaches the
+// server through an authenticated port-forward, where the tunnel is what
+// it trusts; cmd/kubectl-tessera/README.md).
+func (d *debugServer) servingCertificate(dir string) (func(*tls.ClientHelloInfo) (*tls.Certificate, error), error) {
 	if dir == "" {
 		host, _ := os.Hostname()
 		crt, key, err := selfsigned.GenerateFor("tessera-controller-debug", 365*24*time.Hour, "localhost", "127.0.0.1", host)
 		if err != nil {
-			return tls.Certificate{}, fmt.Errorf("app: debug server certificate: %w", err)
+			return nil, fmt.Errorf("app: debug server certificate: %w", err)
 		}
-		return tls.X509KeyPair(crt, key)
+		cert, err := tls.X509KeyPair(crt, key)
+		if err != nil {
+			return nil, fmt.Errorf("app: debug server certificate: %w", err)
+		}
+		return func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &cert, nil }, nil
 	}
-	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
+	files, err := dynamiccertificates.NewDynamicServingContentFromFiles("debug-serving",
+		filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
 	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("app: debug server certificate in %s: %w", dir, err)
+		return nil, fmt.Errorf("app: debug server certificate in %s: %w", dir, err)
 	}
-	return cert, nil
+	d.runners = append(d.runners, files)
+	cache := &certCache{}
+	return func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		return cache.get(files.CurrentCertKeyContent())
+	}, nil
 }
 
-// authorised lets a request through when its bearer token authenticates and
-// the user may get its path: 401 without a valid token, 403 naming role,
+// certCache parses a certificate and key once per content, not per
+// handshake.
+type certCache struct {
+	mu       sync.Mutex
+	crt, key []byte
+	cert     *tls.Certificate
+}
+
+func (c *certCache) get(crt, key []byte) (*tls.Certificate, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cert != nil && bytes.Equal(crt, c.crt) && bytes.Equal(key, c.key) {
+		return c.cert, nil
+	}
+	cert, err := tls.X509KeyPair(crt, key)
+	if err != nil {
+		return nil, fmt.Errorf("app: debug server certificate: %w", err)
+	}
+	c.crt, c.key, c.cert = crt, key, &cert
+	return c.cert, nil
+}
+
+// authorised lets a request through when its client certificate or bearer
+// token authenticates and the user may get its path: 401 without valid
+// credentials, 403 naming role,
 // the ClusterRole to bind, otherwise.
 func (d *debugServer) authorised(role string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -117,7 +204,7 @@ func (d *debugServer) authorised(role string, next http.Handler) http.Handler {
 		resp, ok, err := d.authn.AuthenticateRequest(r)
 		if err != nil || !ok {
 			logger.V(2).Info("Debug request not authenticated", "err", err)
-			http.Error(w, "Unauthorized: present a bearer token the API server accepts", http.StatusUnauthorized)
+			http.Error(w, "Unauthorized: present a bearer token the API server accepts, or a client certificate of the cluster's client CA", http.StatusUnauthorized)
 			return
 		}
 		attrs := authorizer.AttributesRecord{User: resp.User, Verb: "get", Path: r.URL.Path}
@@ -157,15 +244,40 @@ func (c *Controller) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 func (d *debugServer) serve(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	for _, r := range d.runners {
+		if err := r.RunOnce(ctx); err != nil {
+			logger.Error(err, "Loading the debug server's certificates")
+		}
+		go r.Run(ctx, 1)
+	}
 	go func() {
 		<-ctx.Done()
 		shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = d.srv.Shutdown(shutCtx)
 	}()
-	klog.FromContext(ctx).Info("Serving", "endpoints", "debug", "address", d.ln.Addr().String())
+	logger.Info("Serving", "endpoints", "debug", "address", d.ln.Addr().String())
 	if err := d.srv.ServeTLS(d.ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		klog.FromContext(ctx).Error(err, "HTTP server failed", "endpoints", "debug")
+		logger.Error(err, "HTTP server failed", "endpoints", "debug")
+	}
+}
+
+// checkClientCA says, once, when the cluster's client CA cannot be read:
+// until it can, client certificates are refused (401) and only bearer
+// tokens work.
+func (d *debugServer) checkClientCA(ctx context.Context, client kubernetes.Interface) {
+	if !d.clientCAConfigMap {
+		return
+	}
+	_, err := client.CoreV1().ConfigMaps(debugapi.ClientCANamespace).Get(ctx, debugapi.ClientCAConfigMap, metav1.GetOptions{})
+	switch {
+	case apierrors.IsForbidden(err):
+		klog.FromContext(ctx).Error(err, "The debug server cannot read the cluster's client CA, so it accepts no client certificates: bind the Role "+
+			debugapi.ClientCAReaderRole+" in "+debugapi.ClientCANamespace+" to this controller's identity (deploy/rbac)")
+	case err != nil:
+		klog.FromContext(ctx).Error(err, "The debug server cannot read the cluster's client CA yet; client certificates are refused until it can",
+			"configMap", klog.KRef(debugapi.ClientCANamespace, debugapi.ClientCAConfigMap))
 	}
 }
 

@@ -161,19 +161,31 @@ func forward(cfg *rest.Config, namespace, pod string, port int, e debugapi.Endpo
 
 // debugTransport presents the user's credentials to the debug server: the
 // kubeconfig's user as client-go presents it to the API server (a bearer
-// token, a token file, an exec plugin's token), over TLS to the debug
-// server instead.
+// token, a token file, an exec plugin's token or certificate), over TLS to
+// the debug server instead; without a token, the kubeconfig's client
+// certificate, which the server checks against the cluster's client CA.
 func (d *debugFlags) debugTransport(user *rest.Config, trusted bool) (http.RoundTripper, error) {
 	cfg := rest.AnonymousClientConfig(user)
 	cfg.BearerToken, cfg.BearerTokenFile = user.BearerToken, user.BearerTokenFile
 	cfg.ExecProvider, cfg.AuthProvider, cfg.AuthConfigPersister = user.ExecProvider, user.AuthProvider, user.AuthConfigPersister
 	cfg.Impersonate = rest.ImpersonationConfig{}
 	cfg.TLSClientConfig = rest.TLSClientConfig{CAFile: d.caFile, Insecure: trusted || d.insecure}
+	if !hasToken(user) {
+		tc := user.TLSClientConfig
+		cfg.TLSClientConfig.CertFile, cfg.TLSClientConfig.KeyFile = tc.CertFile, tc.KeyFile
+		cfg.TLSClientConfig.CertData, cfg.TLSClientConfig.KeyData = tc.CertData, tc.KeyData
+	}
 	rt, err := rest.TransportFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("credentials for the debug server: %w", err)
 	}
 	return rt, nil
+}
+
+// hasToken says whether the kubeconfig's user authenticates with a token
+// (or an exec or auth provider, which may give one).
+func hasToken(user *rest.Config) bool {
+	return user.BearerToken != "" || user.BearerTokenFile != "" || user.ExecProvider != nil || user.AuthProvider != nil
 }
 
 // fetch GETs the endpoint at addr and turns refusals into errors that say
@@ -206,7 +218,7 @@ func (d *debugFlags) fetch(ctx context.Context, user *rest.Config, addr string, 
 	case http.StatusOK:
 		return body, nil
 	case http.StatusUnauthorized:
-		return nil, fmt.Errorf("not authenticated by the debug server: it takes a bearer token the API server validates (TokenReview); your kubeconfig's user presents none (a client certificate is not forwarded): %s", msg)
+		return nil, fmt.Errorf("not authenticated by the debug server: it takes a bearer token the API server validates (TokenReview) or a client certificate of the cluster's client CA; your kubeconfig's user presents neither, or one it does not accept: %s", msg)
 	case http.StatusForbidden:
 		return nil, fmt.Errorf("not authorised to read %s: bind the ClusterRole %s to your user: %s", e.What, e.ReaderRole, msg)
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/tessera-gpu/tessera/controller/kube"
 	"github.com/tessera-gpu/tessera/deploy/rbac"
 	"github.com/tessera-gpu/tessera/driver/deviceclasses"
+	"github.com/tessera-gpu/tessera/internal/selfsigned"
 	"github.com/tessera-gpu/tessera/test/controlplane"
 	"github.com/tessera-gpu/tessera/test/framework"
 )
@@ -165,12 +166,126 @@ func checkAnonymizedSnapshots(t *testing.T, e *env, addr, reader, sim string) {
 	}
 }
 
+// TestDebugServerCertificates: users whose kubeconfig holds a client
+// certificate (no token) use the debug server: the controller trusts the
+// cluster's client CA, read from kube-system's
+// extension-apiserver-authentication ConfigMap with deploy/rbac's
+// RoleBinding to extension-apiserver-authentication-reader. A certificate
+// user bound to tessera-snapshot-reader gets the snapshot through the
+// plugin, one without the role is told to bind it (403), a certificate of
+// another CA gets 401. The serving certificate of --debug-cert-dir is
+// replaced on disk and served without a restart.
+func TestDebugServerCertificates(t *testing.T) {
+	e := newEnv(t)
+	e.CP.CreateNamespace(t, rbac.Namespace)
+	if err := framework.ApplyControllerRBAC(e.Ctx, e.Client); err != nil {
+		t.Fatal(err)
+	}
+	certDir := t.TempDir()
+	writeServingCert(t, certDir, "debug-a")
+	c := startDebugControllerWith(t, e, func(cfg *app.Config) {
+		cfg.DebugCertDir, cfg.DebugClientCAFromCluster = certDir, true
+	})
+	b := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: e.NS + "-alice"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: app.SnapshotReaderRole},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "alice"}}}
+	if _, err := e.Client.RbacV1().ClusterRoleBindings().Create(e.Ctx, b, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	direct := []string{"snapshot", "--address", c.DebugAddr(), "--insecure-skip-tls-verify"}
+	file := filepath.Join(t.TempDir(), "cluster.yaml")
+	alice := e.clientsFor(e.CP.UserConfig("alice"))
+	e.eventually("alice's client certificate gets the snapshot", time.Minute, func() (bool, string) {
+		err := ctl.Run(e.Ctx, alice, append(direct, "-o", file), io.Discard)
+		return err == nil, fmt.Sprint(err)
+	})
+	if d := readDump(t, file); d.Decisions == nil {
+		t.Fatalf("the snapshot has no decisions")
+	}
+	err := ctl.Run(e.Ctx, e.clientsFor(e.CP.UserConfig("bob")), direct, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "bind the ClusterRole "+app.SnapshotReaderRole) || !strings.Contains(err.Error(), `"bob"`) {
+		t.Errorf("a certificate user without the role: want an error naming bob and %s, got %v", app.SnapshotReaderRole, err)
+	}
+	crt, key, err := selfsigned.GenerateFor("alice", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign, err := tls.X509KeyPair(crt, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status, body := getWithCert(t, c.DebugAddr(), foreign); status != http.StatusUnauthorized {
+		t.Errorf("a certificate of another CA: got %d %q, want 401", status, body)
+	}
+
+	if cn := servedCN(t, c.DebugAddr()); cn != "debug-a" {
+		t.Fatalf("the debug server serves %q, want debug-a from %s", cn, certDir)
+	}
+	writeServingCert(t, certDir, "debug-b")
+	e.eventually("the rotated certificate served", time.Minute, func() (bool, string) {
+		cn := servedCN(t, c.DebugAddr())
+		return cn == "debug-b", cn
+	})
+}
+
+// writeServingCert writes a self-signed tls.crt and tls.key for cn in dir,
+// each by a rename (as a Secret volume changes).
+func writeServingCert(t *testing.T, dir, cn string) {
+	t.Helper()
+	crt, key, err := selfsigned.GenerateFor(cn, time.Hour, "127.0.0.1", "localhost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{"tls.key": key, "tls.crt": crt} {
+		tmp := filepath.Join(dir, "."+name)
+		if err := os.WriteFile(tmp, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// servedCN is the common name of the certificate the server at addr serves.
+func servedCN(t *testing.T, addr string) string {
+	t.Helper()
+	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0].Subject.CommonName
+}
+
+// getWithCert GETs the snapshot presenting a client certificate.
+func getWithCert(t *testing.T, addr string, cert tls.Certificate) (int, string) {
+	t.Helper()
+	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		InsecureSkipVerify: true, Certificates: []tls.Certificate{cert}}}}
+	resp, err := client.Get("https://" + addr + app.SnapshotPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
 // startDebugController runs tessera-controller in-process as its
 // ServiceAccount (deploy/rbac's grants), with the debug server on loopback.
 func startDebugController(t *testing.T, e *env) *app.Controller {
+	return startDebugControllerWith(t, e, func(*app.Config) {})
+}
+
+// startDebugControllerWith is startDebugController with set changing the
+// configuration first.
+func startDebugControllerWith(t *testing.T, e *env, set func(*app.Config)) *app.Controller {
 	t.Helper()
-	c, err := app.New(app.Config{RestConfig: framework.ControllerConfig(e.CP), Interval: 200 * time.Millisecond,
-		Core: core.Config{DisableConsolidation: true}, DebugAddr: "127.0.0.1:0"})
+	cfg := app.Config{RestConfig: framework.ControllerConfig(e.CP), Interval: 200 * time.Millisecond,
+		Core: core.Config{DisableConsolidation: true}, DebugAddr: "127.0.0.1:0"}
+	set(&cfg)
+	c, err := app.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,6 +343,11 @@ func (e *env) bindRole(ns, role, sa string) {
 func (e *env) userClients(token string) ctl.Clients {
 	cfg := rest.AnonymousClientConfig(e.CP.AdminConfig)
 	cfg.BearerToken = token
+	return e.clientsFor(cfg)
+}
+
+// clientsFor are the plugin's clients for a user's client configuration.
+func (e *env) clientsFor(cfg *rest.Config) ctl.Clients {
 	kc, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		e.T.Fatal(err)
