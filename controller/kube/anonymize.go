@@ -117,32 +117,14 @@ func (a *anonymizer) text(s string) string {
 	if a.collect || s == "" {
 		return s
 	}
-	var b strings.Builder
-	start := -1
-	flush := func(end int) {
-		if start < 0 {
-			return
-		}
-		w := s[start:end]
+	isWordByte := func(c byte) bool { return strings.IndexByte(" \t\n'\"(),;:[]{}=", c) < 0 }
+	return mapRuns(s, isWordByte, func(w string) string {
 		core := strings.TrimRight(w, ".")
 		if a.isName(core) {
-			w = a.key.Anonymize(core) + w[len(core):]
+			return a.key.Anonymize(core) + w[len(core):]
 		}
-		b.WriteString(w)
-		start = -1
-	}
-	for i := 0; i < len(s); i++ {
-		if strings.IndexByte(" \t\n'\"(),;:[]{}=", s[i]) < 0 {
-			if start < 0 {
-				start = i
-			}
-			continue
-		}
-		flush(i)
-		b.WriteByte(s[i])
-	}
-	flush(len(s))
-	return b.String()
+		return w
+	})
 }
 
 func (a *anonymizer) isName(w string) bool {

@@ -50,7 +50,7 @@ func segments(s string) []string {
 	var out []string
 	start := -1
 	for i := 0; i <= len(s); i++ {
-		if i < len(s) && s[i] >= '0' {
+		if i < len(s) && isSegmentByte(s[i]) {
 			if start < 0 {
 				start = i
 			}
@@ -67,29 +67,36 @@ func segments(s string) []string {
 // mapSegments rewrites each segment of s through m; separators and
 // segments m does not hold stay.
 func mapSegments(s string, m map[string]string) string {
+	return mapRuns(s, isSegmentByte, func(seg string) string {
+		if t, ok := m[seg]; ok {
+			return t
+		}
+		return seg
+	})
+}
+
+func isSegmentByte(c byte) bool { return c >= '0' }
+
+// mapRuns rewrites each maximal run of bytes for which in holds through f;
+// the bytes between runs stay as they are.
+func mapRuns(s string, in func(byte) bool, f func(string) string) string {
 	var b strings.Builder
 	start := -1
-	flush := func(end int) {
-		if start >= 0 {
-			seg := s[start:end]
-			if t, ok := m[seg]; ok {
-				seg = t
-			}
-			b.WriteString(seg)
-			start = -1
-		}
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] >= '0' {
+	for i := 0; i <= len(s); i++ {
+		if i < len(s) && in(s[i]) {
 			if start < 0 {
 				start = i
 			}
 			continue
 		}
-		flush(i)
-		b.WriteByte(s[i])
+		if start >= 0 {
+			b.WriteString(f(s[start:i]))
+			start = -1
+		}
+		if i < len(s) {
+			b.WriteByte(s[i])
+		}
 	}
-	flush(len(s))
 	return b.String()
 }
 
@@ -218,30 +225,13 @@ func (k *AnonymizeKey) Restore(s string) string {
 	// Tokens are runs of [0-9a-z] (and fill a whole segment in a name); in
 	// text a byte at or above '0' may follow one ("pod x:"), so runs of
 	// token bytes are looked up, not segments.
-	var b strings.Builder
-	start := -1
-	flush := func(end int) {
-		if start >= 0 {
-			run := s[start:end]
-			if o, ok := k.inverse[run]; ok {
-				run = o
-			}
-			b.WriteString(run)
-			start = -1
+	isToken := func(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' }
+	return mapRuns(s, isToken, func(run string) string {
+		if o, ok := k.inverse[run]; ok {
+			return o
 		}
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c >= '0' && c <= '9' || c >= 'a' && c <= 'z' {
-			if start < 0 {
-				start = i
-			}
-			continue
-		}
-		flush(i)
-		b.WriteByte(s[i])
-	}
-	flush(len(s))
-	return b.String()
+		return run
+	})
 }
 
 // RestoreDecisions maps decisions taken on an anonymised snapshot back to
