@@ -241,7 +241,19 @@ func (k *AnonymizeKey) RestoreDecisions(d *Decisions) *Decisions {
 }
 
 // MarshalAnonymizeKey writes k as YAML.
-func MarshalAnonymizeKey(k *AnonymizeKey) ([]byte, error) { return yaml.Marshal(k) }
+func MarshalAnonymizeKey(k *AnonymizeKey) ([]byte, error) {
+	data, err := yaml.Marshal(k)
+	if err != nil {
+		return nil, fmt.Errorf("writing anonymize key: %w", err)
+	}
+	// YAML cannot carry every byte (a DEL, say) that a string Kubernetes does
+	// not validate, such as an image, may hold: refuse a key that would not
+	// read back rather than write one that loses the mapping.
+	if _, err := ParseAnonymizeKey(data); err != nil {
+		return nil, fmt.Errorf("the anonymize key would not read back (a name holds a character YAML cannot carry): %w", err)
+	}
+	return data, nil
+}
 
 // ParseAnonymizeKey reads a key file, strictly: another version, an unknown
 // field, a token used twice or a map that does not keep order is an error.
